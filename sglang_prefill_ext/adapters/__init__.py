@@ -1,0 +1,1 @@
+"""Per-version adapters: the only code (with patches/) that touches SGLang's internals."""

@@ -1,0 +1,5 @@
+"""Versioned patches that hook the extension into an installed SGLang."""
+
+from sglang_prefill_ext.patching.tree import PatchError, PatchSet, installed_sglang_dir, supported_versions
+
+__all__ = ["PatchError", "PatchSet", "installed_sglang_dir", "supported_versions"]
