@@ -25,11 +25,23 @@ class GridIndex:
     def clear(self) -> None:
         self._nodes.clear()
 
-    def register(self, node: Node, query: Query) -> None:
-        """Index the grid points of a new node; their hashes come from the query that created it."""
+    def register(self, node: Node, query: Query, seed: int) -> None:
+        """Index the grid points of a new leaf, hashing only its own tokens (plus at most one block)."""
         first, stop = node.depth // self.step, node.end // self.step
-        node.grid_hashes = query.grid_hashes[first:stop].copy()
+        node.grid_hashes = query.grid_hashes_after(first, self._hash_at(node.parent, first, seed))[
+            : stop - first
+        ]
+        node.grid_hashes = node.grid_hashes.copy()
         self._nodes.update(zip(node.grid_hashes.tolist(), repeat(node)))
+
+    def _hash_at(self, node: Node, block: int, seed: int) -> int:
+        """The stored prefix hash at grid point `block * step`, found on `node` or an ancestor."""
+        position = block * self.step
+        if position == 0:
+            return seed
+        while node.depth >= position:
+            node = node.parent
+        return int(node.grid_hashes[block - 1 - node.depth // self.step])
 
     def hand_over(self, prefix: Node, tail: Node) -> None:
         """After `tail` was split: its leading grid points now belong to `prefix`."""

@@ -51,14 +51,25 @@ class GridHasher:
             self._per_block = _splitmix64(np.arange(1 << 20, (1 << 20) + size))
         return self._per_block[:blocks]
 
+    def seed(self, namespace: Hashable) -> int:
+        """The hash of the empty prefix in `namespace`."""
+        return hash(namespace) & _MASK64
+
     def prefix_hashes(self, tokens: np.ndarray, namespace: Hashable) -> np.ndarray:
         """uint64 array; entry b is the hash of tokens[: (b + 1) * step] in `namespace`."""
+        return self.hashes_after(tokens, 0, self.seed(namespace))
+
+    def hashes_after(self, tokens: np.ndarray, first_block: int, base: int) -> np.ndarray:
+        """Prefix hashes from block `first_block` on, given `base`, the hash of the blocks before it.
+
+        Only tokens[first_block * step:] are read: an insert hashes just what it adds.
+        """
         blocks = len(tokens) // self.step
-        if blocks == 0:
+        if blocks <= first_block:
             return np.empty(0, dtype=np.uint64)
-        grid = tokens[: blocks * self.step].view(np.uint64).reshape(blocks, self.step)
+        grid = tokens[first_block * self.step : blocks * self.step].view(np.uint64).reshape(-1, self.step)
         with np.errstate(over="ignore"):
             block_hashes = grid @ self._in_block
-            hashes = np.cumsum(block_hashes * self._block_weights(blocks), dtype=np.uint64)
-            hashes += np.uint64(hash(namespace) & _MASK64)
+            hashes = np.cumsum(block_hashes * self._block_weights(blocks)[first_block:], dtype=np.uint64)
+            hashes += np.uint64(base)
         return hashes

@@ -25,5 +25,14 @@ class Query:
             self._grid_hashes = self._hasher.prefix_hashes(self.tokens, self.namespace)
         return self._grid_hashes
 
+    def has_grid_hashes(self) -> bool:
+        return self._grid_hashes is not None
+
+    def grid_hashes_after(self, first_block: int, base: int) -> np.ndarray:
+        """Grid hashes from block `first_block` on; slices the full array when it was computed anyway."""
+        if self._grid_hashes is not None:
+            return self._grid_hashes[first_block:]
+        return self._hasher.hashes_after(self.tokens, first_block, base)
+
     def page_key(self, pos: int, page_size: int) -> bytes:
         return self.tokens[pos : pos + page_size].tobytes()

@@ -38,7 +38,8 @@ class InsertOutcome:
 class PrefixTree:
     """Token prefixes -> opaque slot arrays, with SGLang RadixCache's match/insert/evict semantics.
 
-    `on_split(prefix, tail)` runs after a node splits, for adapters that keep per-node metadata.
+    `on_split(prefix, tail)` runs after a node splits, for adapters that keep per-node metadata;
+    `hasher` sets the grid (default: the smallest multiple of the page size >= 64 tokens).
     Times are a logical clock read wherever RadixCache reads `time.monotonic()`, so LRU/FIFO orders
     are the same as stock's.
     """
@@ -49,6 +50,7 @@ class PrefixTree:
         eviction: str = "lru",
         values: ValueOps | None = None,
         on_split: SplitHook | None = None,
+        hasher: GridHasher | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -58,7 +60,9 @@ class PrefixTree:
         self._ages_on_eviction = self.eviction == "cost"
         self.values = values or NumpyValues()
         self._on_split = on_split
-        self._hasher = GridHasher(grid_step(page_size))
+        self._hasher = hasher or GridHasher(grid_step(page_size))
+        if self._hasher.step % page_size:
+            raise ValueError(f"grid step {self._hasher.step} is not a multiple of page_size {page_size}")
         self.index = GridIndex(self._hasher.step)
         self.counters = TreeCounters()
         self._clock = 0
@@ -142,7 +146,9 @@ class PrefixTree:
     def insert(self, query: Query, value: Any, priority: int = 0, chunked: bool = False) -> InsertOutcome:
         """Cache `query` -> `value` (one slot per token); returns how much was already cached."""
         access = self._tick()
-        node, offset = self._descend(query, *self._start(query))
+        # Hashing the whole key costs more than walking it; jump only if a match already hashed it.
+        start = self._start(query) if query.has_grid_hashes() else (self.root, 0)
+        node, offset = self._descend(query, *start)
         prefix_len = node.depth + offset
         partial = offset < node.size
         for matched in (node.parent if partial else node).path():
@@ -182,7 +188,7 @@ class PrefixTree:
         leaf.hit_count = 0 if chunked else 1
         leaf.cost_base = self._inflation
         parent.children[self._child_key(parent, query, start)] = leaf
-        self.index.register(leaf, query)
+        self.index.register(leaf, query, self._hasher.seed(query.namespace))
         self.evictable_tokens += leaf.size
         self.cached_tokens += leaf.size
         self.counters.nodes += 1

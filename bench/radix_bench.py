@@ -1,0 +1,124 @@
+"""CPU benchmark: stock SGLang RadixCache vs PrefillExtRadixCache on the same generated workloads.
+
+For each page size and prompt length: tens of cached sequences sharing a common prefix and diverging
+at random points. Reports the p50 of insert, first match, re-match of a waiting request (stock:
+a full match_prefix again; ours: the request's match handle is extended) and evict, with ratios.
+
+    python bench/radix_bench.py [--lengths 1024 8192 32768 131072] [--pages 1 16] [--sequences 32] [--repeat 3]
+
+Each workload runs `--repeat` times, stock and ours interleaved; the table shows the lowest p50 of the
+repeats, the usual guard against other processes sharing the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+from sglang_prefill_ext.adapters.v0_5_17.radix_cache import PrefillExtRadixCache
+
+OPERATIONS = ("insert", "first match", "re-match", "evict")
+
+
+class WaitingRequest:
+    """A queued request as match_prefix sees it: the adapter keys its match handle on identity."""
+
+
+def make_prompts(length: int, sequences: int, page_size: int, seed: int) -> list[array]:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 32000, length)
+    prompts = []
+    for _ in range(sequences):
+        cut = int(rng.integers(length // 4, length)) // page_size * page_size
+        tokens = base.copy()
+        tokens[cut:] = rng.integers(0, 32000, length - cut)
+        prompts.append(array("q", tokens.tolist()))
+    return prompts
+
+
+def make_cache(cls: type, page_size: int, pool_tokens: int) -> Any:
+    if page_size == 1:
+        allocator = TokenToKVPoolAllocator(pool_tokens, torch.int64, "cpu", None, need_sort=False)
+    else:
+        allocator = PagedTokenToKVPoolAllocator(
+            pool_tokens, page_size, torch.int64, "cpu", None, need_sort=False
+        )
+    return cls.create_simulated(mock_allocator=allocator, page_size=page_size)
+
+
+def timed(call: Callable[[Any], Any], argument: Any) -> float:
+    start = time.perf_counter()
+    call(argument)
+    return time.perf_counter() - start
+
+
+def run_workload(cls: type, prompts: list[array], page_size: int) -> dict[str, float]:
+    """p50 seconds per operation for one cache class on one workload."""
+    length = len(prompts[0])
+    cache = make_cache(cls, page_size, pool_tokens=length * (len(prompts) + 1))
+    allocator = cache.token_to_kv_pool_allocator
+    samples: dict[str, list[float]] = {op: [] for op in OPERATIONS}
+    for prompt in prompts:
+        key = RadixKey(prompt)
+        cached = len(cache.match_prefix(MatchPrefixParams(key=key)).device_indices)
+        value = torch.cat(
+            [cache.match_prefix(MatchPrefixParams(key=key)).device_indices, allocator.alloc(length - cached)]
+        )
+        samples["insert"].append(timed(cache.insert, InsertParams(key=RadixKey(prompt), value=value)))
+    for prompt in prompts:
+        # A follow-up turn: the whole cached prompt plus new tokens, matched while it waits in the queue.
+        follow_up = prompt + array("q", range(64 * page_size))
+        request = WaitingRequest()
+        params = MatchPrefixParams(key=RadixKey(follow_up), req=request)
+        samples["first match"].append(timed(cache.match_prefix, params))
+        params = MatchPrefixParams(key=RadixKey(follow_up), req=request)
+        samples["re-match"].append(timed(cache.match_prefix, params))
+    while cache.evictable_size() > 0:
+        samples["evict"].append(timed(cache.evict, EvictParams(num_tokens=length // 4)))
+    return {op: statistics.median(values) for op, values in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 8192, 32768, 131072])
+    parser.add_argument("--pages", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--sequences", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    print("| page | prompt tokens | operation | stock p50 (µs) | prefill-ext p50 (µs) | speed-up |")
+    print("|---:|---:|---|---:|---:|---:|")
+    for page_size in args.pages:
+        for length in args.lengths:
+            prompts = make_prompts(length, args.sequences, page_size, args.seed)
+            runs = [
+                (
+                    run_workload(RadixCache, prompts, page_size),
+                    run_workload(PrefillExtRadixCache, prompts, page_size),
+                )
+                for _ in range(args.repeat)
+            ]
+            stock = {op: min(run[0][op] for run in runs) for op in OPERATIONS}
+            ours = {op: min(run[1][op] for run in runs) for op in OPERATIONS}
+            for op in OPERATIONS:
+                print(
+                    f"| {page_size} | {length} | {op} | {stock[op] * 1e6:.1f} | {ours[op] * 1e6:.1f} "
+                    f"| {stock[op] / ours[op]:.1f}x |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
