@@ -15,7 +15,8 @@
 #
 # Environment (defaults in brackets):
 #   VARIANTS       variants to run, in order ["stock"]; "stock ext" for the A/B
-#   WORKLOADS      main-phase workloads [baseline,burst,rag,agent,unique,mixed]
+#   WORKLOADS      main-phase workloads [baseline,burst,rag,agent,unique,mixed]; "none" skips
+#                  the main phase (e.g. a call for the pressure phase alone)
 #   PRESSURE       1: also the pressure phase (separate servers, PRESSURE_SERVER_ARGS) [1]
 #   BUDGET_S       seconds for the whole script; servers and workloads that would end later are
 #                  skipped [520]
@@ -35,7 +36,7 @@ BUDGET_S=${BUDGET_S:-520}
 DEADLINE=$((T_START + BUDGET_S))
 OUT=${OUT:-$REPO/out}
 VARIANTS=${VARIANTS:-stock}
-WORKLOADS=${WORKLOADS:-baseline,burst,rag,agent,unique,mixed}
+WORKLOADS=${WORKLOADS-baseline,burst,rag,agent,unique,mixed}
 PRESSURE=${PRESSURE:-1}
 BENCH_ARGS=${BENCH_ARGS:-}
 SGLANG_VERSION=${SGLANG_VERSION:-0.5.17}
@@ -90,9 +91,15 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
   echo "host: $(hostname) $(uname -srm), $(nproc) cores"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 || true
   $PY - <<'EOF' 2>&1 || true
-import sys, torch, transformers, sglang
-print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda,
-      "| transformers", transformers.__version__, "| sglang", sglang.__version__, "from", sglang.__file__)
+import importlib.metadata as md, importlib.util as u, sys
+def ver(n):
+    try:
+        return md.version(n)
+    except md.PackageNotFoundError:
+        return "absent"
+v = {n: ver(n) for n in ("torch", "transformers", "sglang", "flashinfer-python", "sglang-kernel")}
+print("python", sys.version.split()[0], "|", " | ".join(f"{k} {x}" for k, x in v.items()),
+      "| sglang from", u.find_spec("sglang").origin)
 EOF
   echo "sglang dir: $SGLANG_DIR"
   echo "VARIANTS=$VARIANTS WORKLOADS=$WORKLOADS PRESSURE=$PRESSURE BUDGET_S=$BUDGET_S BENCH_ARGS=$BENCH_ARGS"
@@ -188,7 +195,7 @@ start_server() {
     fi
     if $PY -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('$URL/health', timeout=3).status == 200 else 1)" 2>/dev/null; then
       log "server healthy after $(($(date +%s) - t0)) s"
-      grep -E "max_total_num_tokens|KV Cache is allocated|Capture .*cuda graph|chunked_prefill_size" "$slog" | tail -4 || true
+      grep -E "KV Cache is allocated|max_total_num_tokens=" "$slog" | tail -4 || true
       return 0
     fi
     if [ "$(left)" -le 0 ] || [ $(($(date +%s) - t0)) -gt 400 ]; then
@@ -228,8 +235,10 @@ run_phase() {  # run_phase PHASE WORKLOADS ARGS...
 }
 
 # SERVER_ARGS and PRESSURE_SERVER_ARGS are flag lists: split on purpose
-# shellcheck disable=SC2086
-run_phase main "$WORKLOADS" $SERVER_ARGS
+if [ -n "$WORKLOADS" ] && [ "$WORKLOADS" != none ]; then
+  # shellcheck disable=SC2086
+  run_phase main "$WORKLOADS" $SERVER_ARGS
+fi
 if [ "$PRESSURE" = 1 ]; then
   # shellcheck disable=SC2086
   run_phase pressure pressure $PRESSURE_SERVER_ARGS
