@@ -15,6 +15,7 @@ from typing import Any
 OPTIONS_DEST = "prefill_ext_options"
 ENABLE_FLAG = "--enable-prefill-ext"
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "cost")
+SCHEDULES = ("auto", "lpm-aging", "stock")
 
 
 def _option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -29,6 +30,29 @@ class PrefillExtConfig:
         "priority) or 'cost', which keeps nodes whose recomputation costs most (tokens x depth, "
         "weighted by hits and recency).",
         EVICTION_POLICIES,
+    )
+
+    schedule: str = _option(
+        "auto",
+        "Prefill queue order: 'lpm-aging' (longest cached prefix first, matches refreshed only when the "
+        "tree changed, no queue-length cutoff, requests waiting --prefill-ext-max-wait-passes passes go "
+        "first), 'stock' (SGLang's --schedule-policy), or 'auto' (lpm-aging when --schedule-policy is "
+        "lpm, else stock).",
+        SCHEDULES,
+    )
+    dedup: bool = _option(
+        True,
+        "In-flight dedup: a waiting request whose next uncached pages are being computed by a scheduled "
+        "or chunked request waits for them to land in the tree instead of computing them again.",
+    )
+    dedup_min_tokens: int = _option(
+        64, "Wait for in-flight pages only when they cover at least this many of a request's tokens."
+    )
+    dedup_max_wait_passes: int = _option(
+        256, "Safety bound: past this many passes waiting on in-flight pages, a request computes them itself."
+    )
+    max_wait_passes: int = _option(
+        32, "lpm-aging: a request that has waited this many scheduling passes is ordered first (FCFS)."
     )
 
     @classmethod

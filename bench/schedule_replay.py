@@ -1,0 +1,531 @@
+#!/usr/bin/env python3
+"""Replay request traces through SGLang 0.5.17's real prefill scheduling on the CPU, stock vs ext.
+
+No model runs. Each iteration does what the scheduler's event loop does around a forward: stash
+the chunked request, call the real (patched) `Scheduler.get_new_batch_prefill` on a scheduler
+whose prefill-path state is built by SGLang's own constructors (tree cache, KV allocator and
+request pool on CPU tensors, `SchedulePolicy`, `PrefillAdder`, `ScheduleBatch.prepare_for_extend`
+allocating `out_cache_loc`), then "runs" the batch by emitting one output token per finished
+prefill and calling the same `release_kv_cache` / `maybe_cache_unfinished_req` paths as
+`process_batch_result_prefill`. With --overlap, a batch's result is processed one iteration late,
+after the next batch is scheduled, as in SGLang's overlap event loop.
+
+Reports, per trace and mode: prefill tokens computed (sum of extend lengths), the ideal (each
+distinct token computed once), scheduling passes, decisions/s and CPU time per scheduling step.
+
+    python bench/schedule_replay.py                 # all traces, markdown table on stdout
+    python bench/schedule_replay.py --trace burst-4k --overlap
+
+Needs the venv's SGLang patched by `sglang-prefill-ext apply --sglang-version 0.5.17`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import random
+import sys
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.constrained.grammar_manager import GrammarManager
+from sglang.srt.disaggregation.utils import DisaggregationMode
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.common import maybe_cache_unfinished_req, release_kv_cache
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
+from sglang.srt.runtime_context import publish
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+from sglang_prefill_ext.adapters.v0_5_17.testing import parse_server_args
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_CONFIG = REPO / "bench" / "models" / "llama3-8b-dummy"
+OUTPUT_TOKEN = 7
+VOCAB = 100_000
+
+
+# ----- traces -----
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceReq:
+    """A prompt that arrives at iteration `arrival`, or when request `after` finished."""
+
+    rid: str
+    tokens: tuple[int, ...]
+    arrival: int = 0
+    after: str | None = None
+    max_new_tokens: int = 1
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1000, VOCAB) for _ in range(n)]
+
+
+def burst(n: int, shared: int, own: int, seed: int = 0) -> list[TraceReq]:
+    """`n` requests at once: one uncached `shared`-token prefix, then `own` tokens each."""
+    rng = random.Random(seed)
+    prefix = _tokens(rng, shared)
+    return [TraceReq(f"b{i}", tuple(prefix + _tokens(rng, own))) for i in range(n)]
+
+
+def shared_doc(docs: int, per_doc: int, doc_len: int, question: int, seed: int = 1) -> list[TraceReq]:
+    """Questions about a few documents, interleaved, arriving two per iteration."""
+    rng = random.Random(seed)
+    texts = [_tokens(rng, doc_len) for _ in range(docs)]
+    reqs = [
+        TraceReq(f"d{d}q{q}", tuple(texts[d] + _tokens(rng, question)), arrival=(q * docs + d) // 2)
+        for q in range(per_doc)
+        for d in range(docs)
+    ]
+    return reqs
+
+
+def multi_turn(conversations: int, turns: int, system: int, user: int, seed: int = 2) -> list[TraceReq]:
+    """Conversations sharing a system prompt; turn k+1 = turn k's prompt + its output + a new message."""
+    rng = random.Random(seed)
+    sys_prompt = _tokens(rng, system)
+    reqs = []
+    for c in range(conversations):
+        prompt = sys_prompt + _tokens(rng, user)
+        reqs.append(TraceReq(f"c{c}t0", tuple(prompt)))
+        for t in range(1, turns):
+            prompt = prompt + [OUTPUT_TOKEN] + _tokens(rng, user)
+            reqs.append(TraceReq(f"c{c}t{t}", tuple(prompt), after=f"c{c}t{t - 1}"))
+    return reqs
+
+
+def unique(n: int, length: int, seed: int = 3) -> list[TraceReq]:
+    rng = random.Random(seed)
+    return [TraceReq(f"u{i}", tuple(_tokens(rng, length))) for i in range(n)]
+
+
+TRACES: dict[str, Callable[[], list[TraceReq]]] = {
+    "burst-4k": lambda: burst(16, 4096, 256),
+    "burst-32k": lambda: burst(16, 32768, 512),
+    "shared-doc": lambda: shared_doc(4, 8, 6000, 200),
+    "multi-turn": lambda: multi_turn(8, 4, 1024, 300),
+    "unique": lambda: unique(16, 3000),
+}
+
+
+def ideal_prefill_tokens(trace: list[TraceReq], page_size: int = 1) -> int:
+    """Every distinct prompt token computed once: the size of the trie of all prompts (page-aligned)."""
+    root: dict = {}
+    total = 0
+    for req in trace:
+        node = root
+        tokens = req.tokens
+        full = len(tokens) // page_size * page_size
+        for start in range(0, full, page_size):
+            key = tokens[start : start + page_size]
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+                total += page_size
+            node = child
+        total += len(tokens) - full
+    return total
+
+
+# ----- the scheduler under replay -----
+
+
+@dataclasses.dataclass
+class ReplayConfig:
+    ext: bool
+    page_size: int = 1
+    pool_tokens: int = 1 << 20
+    max_running_requests: int = 1024
+    chunked_prefill_size: int = 8192
+    schedule_policy: str = "fcfs"
+    overlap: bool = False
+    ext_options: tuple[str, ...] = ()
+
+    def server_argv(self) -> list[str]:
+        argv = [
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--page-size",
+            str(self.page_size),
+            "--chunked-prefill-size",
+            str(self.chunked_prefill_size),
+            "--max-prefill-tokens",
+            str(max(self.chunked_prefill_size, 16384)),
+            "--schedule-policy",
+            self.schedule_policy,
+            "--max-running-requests",
+            str(self.max_running_requests),
+            "--pp-max-micro-batch-size",
+            str(self.max_running_requests),
+        ]
+        return argv + (["--enable-prefill-ext", *self.ext_options] if self.ext else [])
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """One scheduling pass: who was admitted with which extend range, and how long it took."""
+
+    admitted: list[tuple[str, int, int]]
+    cpu_s: float
+
+
+class ReplayScheduler:
+    """SGLang's `Scheduler` prefill path over real CPU pools; `step()` is one event-loop iteration."""
+
+    def __init__(self, config: ReplayConfig) -> None:
+        self.config = config
+        server_args = parse_server_args(*config.server_argv())
+        publish(server_args, role="test")
+        if config.page_size == 1:
+            allocator = TokenToKVPoolAllocator(
+                config.pool_tokens, torch.bfloat16, "cpu", None, need_sort=False
+            )
+        else:
+            allocator = PagedTokenToKVPoolAllocator(
+                config.pool_tokens, config.page_size, torch.bfloat16, "cpu", None, need_sort=False
+            )
+        max_len = 1 << 17
+        req_pool = ReqToTokenPool(config.max_running_requests, max_len, "cpu", enable_memory_saver=False)
+        params = CacheInitParams(
+            disable=False,
+            req_to_token_pool=req_pool,
+            token_to_kv_pool_allocator=allocator,
+            page_size=config.page_size,
+            eviction_policy=server_args.radix_eviction_policy,
+        )
+        ctx = TreeCacheBuildContext(
+            server_args=server_args,
+            params=params,
+            is_hybrid_swa=False,
+            is_hybrid_ssm=False,
+            enable_hierarchical_cache=False,
+            disable_radix_cache=False,
+            effective_chunked_prefill_size=config.chunked_prefill_size,
+            tp_worker=None,
+            model_config=None,
+            tp_size=1,
+            tp_rank=0,
+            tp_group=None,
+        )
+        s = Scheduler.__new__(Scheduler)
+        s.server_args = server_args
+        s.tree_cache = create_tree_cache(ctx)
+        s.token_to_kv_pool_allocator = allocator
+        s.req_to_token_pool = req_pool
+        s.page_size = config.page_size
+        s.schedule_policy = server_args.schedule_policy
+        s.enable_hierarchical_cache = False
+        s.enable_priority_scheduling = False
+        s.schedule_low_priority_values_first = False
+        Scheduler.init_schedule_policy(s)
+        s.grammar_manager = GrammarManager.__new__(GrammarManager)
+        s.grammar_manager.grammar_queue = []
+        s.is_hybrid_swa = False
+        s.waiting_queue = []
+        s.chunked_req = None
+        s.min_free_slots_delayer = None
+        s.chunked_prefill_size = config.chunked_prefill_size
+        s.enable_dynamic_chunking = False
+        s.max_prefill_tokens = server_args.max_prefill_tokens
+        s.is_mixed_chunk = False
+        s.priority_scheduling_preemption_threshold = 0
+        s.max_running_requests = config.max_running_requests
+        s.dllm_config = None
+        s.enable_lora = False
+        s.disaggregation_mode = DisaggregationMode.NULL
+        s.enable_hicache_storage = False
+        s.truncation_align_size = None
+        s.model_config = ModelConfig(str(MODEL_CONFIG))
+        s.enable_overlap = config.overlap
+        s.spec_algorithm = SpeculativeAlgorithm.NONE
+        s.tp_worker = _NoModelWorker()
+        s.load_inquirer = _PendingTokens(s)
+        self.scheduler = s
+        self.running_batch = ScheduleBatch(reqs=[], batch_is_full=False)
+        self.steps: list[StepRecord] = []
+        self.prefill_tokens = 0
+        self.finished: dict[str, object] = {}
+        self._pending = None
+
+    # ----- requests in -----
+
+    def add(self, trace_req: TraceReq) -> object:
+        params = SamplingParams(max_new_tokens=trace_req.max_new_tokens)
+        params.normalize(None)
+        req = Req(trace_req.rid, "", array("q", trace_req.tokens), params)
+        req.time_stats.wait_queue_entry_time = time.perf_counter()
+        self.scheduler.waiting_queue.append(req)
+        return req
+
+    # ----- one event-loop iteration -----
+
+    def step(self) -> None:
+        s = self.scheduler
+        if s.chunked_req is not None:
+            s.stash_chunked_request(s.chunked_req)
+        start = time.process_time()
+        plan = Scheduler.get_new_batch_prefill(s, self.running_batch)
+        cpu_s = time.process_time() - start
+        batch = plan.batch_to_run
+        admitted = (
+            [] if batch is None else [(r.rid, r.extend_range.start, r.extend_range.end) for r in batch.reqs]
+        )
+        self.steps.append(StepRecord(admitted, cpu_s))
+        if batch is not None:
+            self.prefill_tokens += batch.extend_num_tokens
+        if self.config.overlap:
+            self._pending, batch = batch, self._pending
+        if batch is not None:
+            self._process_prefill_result(batch)
+
+    def _process_prefill_result(self, batch) -> None:
+        """`process_batch_result_prefill` for a model that emits OUTPUT_TOKEN."""
+        for req in batch.reqs:
+            if req.finished() and req.inflight_middle_chunks <= 0:
+                continue
+            if req.inflight_middle_chunks > 0:
+                req.inflight_middle_chunks -= 1
+                continue
+            req.output_ids.append(OUTPUT_TOKEN)
+            req.update_finish_state()
+            if req.finished():
+                release_kv_cache(req, self.scheduler.tree_cache)
+                self.finished[req.rid] = req
+            else:
+                maybe_cache_unfinished_req(req, self.scheduler.tree_cache)
+
+    def busy(self) -> bool:
+        s = self.scheduler
+        return bool(s.waiting_queue) or s.chunked_req is not None or self._pending is not None
+
+    def abort(self, rid: str) -> None:
+        """SGLang's abort of a request: waiting -> dropped; chunked -> `process_pending_chunked_abort`."""
+        s = self.scheduler
+        s.waiting_queue = [r for r in s.waiting_queue if r.rid != rid]
+        if s.chunked_req is not None and s.chunked_req.rid == rid:
+            s._pending_chunked_abort_req = s.chunked_req
+            s.ipc_channels = _NoTokenizer()
+            Scheduler.process_pending_chunked_abort(s)
+
+    # ----- KV accounting -----
+
+    def kv_slots(self) -> dict[str, torch.Tensor]:
+        """Every KV slot by owner: free in the allocator, held by the tree, held by a live request."""
+        s = self.scheduler
+        allocator = s.token_to_kv_pool_allocator
+        pages = torch.cat((allocator.free_pages, allocator.release_pages))
+        if allocator.page_size > 1:
+            pages = (pages[:, None] * allocator.page_size + torch.arange(allocator.page_size)).flatten()
+        live = [r for r in s.waiting_queue if r.req_pool_idx is not None]
+        if s.chunked_req is not None:
+            live.append(s.chunked_req)
+        if self._pending is not None:
+            live.extend(r for r in self._pending.reqs if r.req_pool_idx is not None)
+        owned = [
+            s.req_to_token_pool.req_to_token[r.req_pool_idx, r.cache_protected_len : r.kv.kv_allocated_len]
+            for r in dict.fromkeys(live)
+        ]
+        return {
+            "free": pages.to(torch.int64),
+            "tree": s.tree_cache.all_values_flatten().to(torch.int64),
+            "requests": torch.cat(owned).to(torch.int64) if owned else torch.empty(0, dtype=torch.int64),
+        }
+
+    def kv_accounting_errors(self) -> list[str]:
+        """Empty when every slot 1..size has exactly one owner and the tree's counters add up."""
+        s = self.scheduler
+        slots = self.kv_slots()
+        every = torch.cat(list(slots.values()))
+        size = s.token_to_kv_pool_allocator.size
+        errors = []
+        if len(every) != size:
+            errors.append(
+                f"{len(every)} owned slots for a pool of {size} ({ {k: len(v) for k, v in slots.items()} })"
+            )
+        if len(torch.unique(every)) != len(every):
+            errors.append("a slot has two owners (double free or leak into the tree)")
+        if len(every) and (int(every.min()) < 1 or int(every.max()) > size):
+            errors.append("a slot outside 1..size")
+        cache = s.tree_cache
+        if cache.evictable_size() + cache.protected_size() != len(slots["tree"]):
+            errors.append(
+                f"tree holds {len(slots['tree'])} slots, counters say "
+                f"{cache.evictable_size()} evictable + {cache.protected_size()} protected"
+            )
+        return errors
+
+
+class _NoModelWorker:
+    """`tp_worker.model_runner.prefill_aware_swa` is all the prefill path reads of the worker."""
+
+    class model_runner:  # noqa: N801 - mirrors the attribute path SGLang reads
+        prefill_aware_swa = False
+
+
+class _PendingTokens:
+    """`SchedulerLoadInquirer._get_num_pending_tokens`, the one load query the prefill path makes."""
+
+    def __init__(self, scheduler) -> None:
+        self.scheduler = scheduler
+
+    def _get_num_pending_tokens(self, chunk_deduct: int = 0) -> int:
+        s = self.scheduler
+        pending = sum(r.seqlen for r in s.waiting_queue)
+        if s.chunked_req is not None:
+            pending += s.chunked_req.seqlen - len(s.chunked_req.prefix_indices) - chunk_deduct
+        return pending
+
+
+class _NoTokenizer:
+    """The abort path notifies the tokenizer; the replay has none."""
+
+    class send_to_tokenizer:  # noqa: N801 - mirrors the attribute path SGLang reads
+        @staticmethod
+        def send_output(*args: object) -> None:
+            return None
+
+
+# ----- replay -----
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    trace: str
+    mode: str
+    prefill_tokens: int
+    ideal_tokens: int
+    passes: int
+    decisions: int
+    cpu_s: float
+
+    @property
+    def cpu_ms_per_step(self) -> float:
+        return 1e3 * self.cpu_s / max(self.passes, 1)
+
+    @property
+    def decisions_per_s(self) -> float:
+        return self.decisions / self.cpu_s if self.cpu_s else float("inf")
+
+
+def drive(replay: ReplayScheduler, trace: list[TraceReq], max_steps: int = 100_000) -> Iterator[int]:
+    """Feed `trace` by arrival/dependency and step until all is done; yields each step's index."""
+    todo = list(trace)
+    for step in range(max_steps):
+        ready = [t for t in todo if t.arrival <= step and (t.after is None or t.after in replay.finished)]
+        for t in ready:
+            replay.add(t)
+            todo.remove(t)
+        if not todo and not replay.busy():
+            return
+        replay.step()
+        yield step
+    raise RuntimeError(f"replay did not finish in {max_steps} steps")
+
+
+def replay_trace(name: str, trace: list[TraceReq], config: ReplayConfig) -> ReplayResult:
+    replay = ReplayScheduler(config)
+    for _ in drive(replay, trace):
+        pass
+    return ReplayResult(
+        trace=name,
+        mode=mode_name(config),
+        prefill_tokens=replay.prefill_tokens,
+        ideal_tokens=ideal_prefill_tokens(trace, config.page_size),
+        passes=len(replay.steps),
+        decisions=sum(len(s.admitted) for s in replay.steps),
+        cpu_s=sum(s.cpu_s for s in replay.steps),
+    )
+
+
+def mode_name(config: ReplayConfig) -> str:
+    return f"{'ext' if config.ext else 'stock'}-{config.schedule_policy}"
+
+
+def lpm_step_cost(waiting: int, length: int, config: ReplayConfig, repeats: int = 3) -> float:
+    """CPU seconds of one scheduling pass with `waiting` distinct `length`-token prompts queued."""
+    replay = ReplayScheduler(config)
+    replay.scheduler.chunked_prefill_size = 1  # admit nothing: measure ordering + the loop's first probe
+    for t in unique(waiting, length):
+        replay.add(t)
+    costs = []
+    for _ in range(repeats):
+        replay.step()
+        costs.append(replay.steps[-1].cpu_s)
+    return min(costs)
+
+
+def markdown(results: list[ReplayResult]) -> str:
+    lines = [
+        "| trace | mode | prefill tokens | ideal | tokens / ideal | passes | decisions/s | CPU ms / step |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.trace} | {r.mode} | {r.prefill_tokens:,} | {r.ideal_tokens:,} | "
+            f"{r.prefill_tokens / r.ideal_tokens:.2f} | {r.passes} | {r.decisions_per_s:,.0f} | "
+            f"{r.cpu_ms_per_step:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trace", action="append", choices=sorted(TRACES), help="default: all")
+    parser.add_argument("--policy", action="append", choices=["fcfs", "lpm"], help="default: both")
+    parser.add_argument("--overlap", action="store_true", help="process each result one iteration late")
+    parser.add_argument("--chunked-prefill-size", type=int, default=8192)
+    parser.add_argument("--page-size", type=int, default=1)
+    parser.add_argument("--lpm-waiting", type=int, default=512, help="queue length of the LPM step-cost row")
+    parser.add_argument(
+        "--lpm-length", type=int, default=32768, help="prompt length of the LPM step-cost row"
+    )
+    args = parser.parse_args(argv)
+
+    results = []
+    for name in args.trace or list(TRACES):
+        trace = TRACES[name]()
+        for policy in args.policy or ["fcfs", "lpm"]:
+            for ext in (False, True):
+                config = ReplayConfig(
+                    ext=ext,
+                    page_size=args.page_size,
+                    chunked_prefill_size=args.chunked_prefill_size,
+                    schedule_policy=policy,
+                    overlap=args.overlap,
+                )
+                results.append(replay_trace(name, trace, config))
+    print(f"command: python bench/schedule_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} {platform.system()}, python {platform.python_version()}, torch {torch.__version__}"
+    )
+    print(
+        f"chunked-prefill-size {args.chunked_prefill_size}, page size {args.page_size}, overlap {args.overlap}\n"
+    )
+    print(markdown(results))
+    if args.lpm_waiting:
+        print(f"\nOne scheduling pass with {args.lpm_waiting} waiting x {args.lpm_length} tokens (CPU ms):\n")
+        print("| mode | CPU ms / pass |\n|---|---:|")
+        for ext in (False, True):
+            config = ReplayConfig(ext=ext, page_size=args.page_size, schedule_policy="lpm")
+            cost = lpm_step_cost(args.lpm_waiting, args.lpm_length, config)
+            print(f"| {mode_name(config)} | {1e3 * cost:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""SGLang 0.5.17's prefill scheduling, translated to the version-free `PrefillRunner`.
+
+The patched `Scheduler` holds one `PrefillExtScheduler` (`prefill_ext_runner`, None with the flag
+off) and calls it at three points of `_get_new_batch_prefill_raw`:
+
+- `calc_priority(waiting_queue, running_batch)` in place of `SchedulePolicy.calc_priority`;
+- `defer(req, adder)` after `req.init_next_round_input`: True skips `req` this pass because its
+  next uncached pages are in flight;
+- `admitted(adder)` once the queue loop ends, so the last admitted request is tracked too.
+
+Everything SGLang-specific (where a request's match ends, when its pages landed) is read here;
+the decisions are the runner's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import CacheAwarePolicy, PrefillAdder, match_prefix_for_req
+
+from sglang_prefill_ext.config import PrefillExtConfig
+from sglang_prefill_ext.radix.tokens import as_token_array
+from sglang_prefill_ext.runner import Flight, PrefillRunner
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_prefill_ext.adapters.v0_5_17.radix_cache import PrefillExtRadixCache
+
+
+def landed(flight: Flight) -> bool:
+    """The producer's pages are in the tree, or it stopped computing them (finished, aborted, retracted)."""
+    req: Req = flight.producer
+    return (
+        req.finished()
+        or req.req_pool_idx is None
+        or req.is_retracted
+        or (req.cache_protected_len or 0) >= flight.end
+    )
+
+
+class PrefillExtScheduler:
+    def __init__(
+        self,
+        policy: SchedulePolicy,
+        tree_cache: PrefillExtRadixCache,
+        config: PrefillExtConfig,
+        page_size: int,
+    ) -> None:
+        self.policy = policy
+        self.tree_cache = tree_cache
+        schedule = config.schedule
+        if schedule == "auto":
+            schedule = "lpm-aging" if policy.policy == CacheAwarePolicy.LPM else "stock"
+        self.schedule = schedule
+        self.runner = PrefillRunner(
+            page_size,
+            dedup=config.dedup,
+            min_shared_tokens=config.dedup_min_tokens,
+            max_dedup_passes=config.dedup_max_wait_passes,
+            max_wait_passes=config.max_wait_passes,
+        )
+        self._adder: PrefillAdder | None = None
+        self._tracked = 0
+
+    def calc_priority(self, waiting_queue: list[Req], running_batch: ScheduleBatch | None = None) -> None:
+        self.runner.begin_pass(waiting_queue, landed)
+        self._adder, self._tracked = None, 0
+        if self.schedule == "stock":
+            self.policy.calc_priority(waiting_queue, running_batch)
+            return
+        tree = self.tree_cache.tree
+        version = (tree.epoch, tree.counters.inserted_tokens, tree.counters.evicted_tokens)
+        self.runner.order(waiting_queue, version, self._match)
+        if self.policy.enable_priority_scheduling:
+            sign = self.policy.priority_sign
+            waiting_queue.sort(key=lambda r: r.priority * sign)
+
+    def _match(self, req: Req) -> int:
+        match_prefix_for_req(self.tree_cache, req, include_req=True)
+        return req.num_matched_prefix_tokens
+
+    def defer(self, req: Req, adder: PrefillAdder) -> bool:
+        """True when `req`'s next uncached pages are being computed by an admitted request."""
+        self.admitted(adder)
+        tokens = as_token_array(req.full_untruncated_fill_ids, len(req.full_untruncated_fill_ids))
+        return self.runner.should_defer(req, req.extra_key, req.last_node, tokens, len(req.prefix_indices))
+
+    def admitted(self, adder: PrefillAdder) -> None:
+        """Track the requests `adder` admitted since the last call, each as one flight."""
+        if adder is not self._adder:
+            self._adder, self._tracked = adder, 0
+        for req in adder.can_run_list[self._tracked :]:
+            tokens = as_token_array(req.full_untruncated_fill_ids, req.extend_range.end)
+            self.runner.track(
+                req, req.extra_key, req.last_node, tokens, len(req.prefix_indices), req.extend_range.end
+            )
+        self._tracked = len(adder.can_run_list)
+
+
+def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
+    """The scheduler's runner under `--enable-prefill-ext`, else None (stock scheduling)."""
+    server_args = scheduler.server_args
+    if not getattr(server_args, "enable_prefill_ext", False):
+        return None
+    config = PrefillExtConfig.from_options(server_args.prefill_ext_options)
+    return PrefillExtScheduler(scheduler.policy, scheduler.tree_cache, config, scheduler.page_size)

@@ -1,0 +1,108 @@
+"""In-flight dedup registry: the page ranges scheduled or chunked requests are computing right now.
+
+A flight is keyed like the tree: the namespace (SGLang's extra_key), the anchor (the tree node its
+range starts after, i.e. where the producer's match ended), the start position and the first page
+of tokens. A waiting request whose own match ends at the same anchor asks how many of its next
+tokens the flight covers; the answer is verified token by token, so a lookup never trusts a hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Iterator
+
+import numpy as np
+
+from sglang_prefill_ext.radix.tokens import common_prefix_len
+
+FlightKey = tuple[Hashable, Hashable, int, bytes]
+
+
+@dataclasses.dataclass(frozen=True)
+class Flight:
+    """`producer` computes tokens [start, end) (page-aligned) after `anchor`; `tokens` holds them."""
+
+    producer: Hashable
+    namespace: Hashable
+    anchor: Hashable
+    start: int
+    end: int
+    tokens: bytes
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+class InflightRegistry:
+    """At most one flight per producer (a chunked request's current chunk replaces its last)."""
+
+    def __init__(self, page_size: int, min_shared_tokens: int) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.min_shared_tokens = max(min_shared_tokens, page_size)
+        self._by_key: dict[FlightKey, list[Flight]] = {}
+        self._by_producer: dict[Hashable, tuple[FlightKey, Flight]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_producer)
+
+    def __iter__(self) -> Iterator[Flight]:
+        return iter([flight for _, flight in self._by_producer.values()])
+
+    def _key(self, namespace: Hashable, anchor: Hashable, tokens: np.ndarray, start: int) -> FlightKey:
+        return (namespace, anchor, start, tokens[start : start + self.page_size].tobytes())
+
+    def add(
+        self,
+        producer: Hashable,
+        namespace: Hashable,
+        anchor: Hashable,
+        tokens: np.ndarray,
+        start: int,
+        end: int,
+    ) -> Flight | None:
+        """Record that `producer` computes `tokens[start:end]`; only whole pages from a page boundary."""
+        self.drop(producer)
+        end = min(end, len(tokens)) // self.page_size * self.page_size
+        if start % self.page_size or end - start < self.page_size:
+            return None
+        flight = Flight(producer, namespace, anchor, start, end, tokens[start:end].tobytes())
+        key = self._key(namespace, anchor, tokens, start)
+        self._by_key.setdefault(key, []).append(flight)
+        self._by_producer[producer] = (key, flight)
+        return flight
+
+    def drop(self, producer: Hashable) -> Flight | None:
+        entry = self._by_producer.pop(producer, None)
+        if entry is None:
+            return None
+        key, flight = entry
+        flights = self._by_key[key]
+        flights.remove(flight)
+        if not flights:
+            del self._by_key[key]
+        return flight
+
+    def flight_of(self, producer: Hashable) -> Flight | None:
+        entry = self._by_producer.get(producer)
+        return entry[1] if entry is not None else None
+
+    def shared(
+        self, namespace: Hashable, anchor: Hashable, tokens: np.ndarray, start: int
+    ) -> tuple[Flight, int] | None:
+        """The flight covering the most of `tokens[start:]` (whole pages, at least the minimum), or None."""
+        if start % self.page_size:
+            return None
+        flights = self._by_key.get(self._key(namespace, anchor, tokens, start))
+        if not flights:
+            return None
+        best: tuple[Flight, int] | None = None
+        for flight in flights:
+            limit = min(flight.length, len(tokens) - start)
+            same = common_prefix_len(flight.tokens, 0, tokens[start : start + limit], limit)
+            same -= same % self.page_size
+            if same >= self.min_shared_tokens and (best is None or same > best[1]):
+                best = (flight, same)
+        return best

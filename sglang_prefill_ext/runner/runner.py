@@ -1,0 +1,121 @@
+"""The per-pass protocol between a version's scheduler adapter and the runner's decisions.
+
+Each scheduling pass the adapter calls, in order:
+
+1. `begin_pass(waiting, landed)`: drops flights whose producer landed its pages in the tree (or
+   stopped: finished, aborted, retracted), counts one more pass for every waiting request.
+2. `order(waiting, match)` (lpm-aging only): refreshes stale matches, sorts.
+3. for each candidate the scheduler would admit: `should_defer(item, key...)`: True while the next
+   uncached pages of `item` are in flight (the scheduler skips it this pass).
+4. `track(producer, ...)` for every request admitted (including a continuing chunked one), right
+   when it is admitted, so the next candidate of the same pass already sees it.
+
+Progress: a deferred request waits on a flight, and flights only exist for requests the scheduler
+has just put into a batch; the batch runs, so the flight lands (or its producer stops) within a
+bounded number of passes and is dropped in `begin_pass`. `max_dedup_passes` bounds the wait even if
+an adapter never reports the landing: past it, the request computes the pages itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Hashable, MutableSequence, Sequence
+
+import numpy as np
+
+from sglang_prefill_ext.runner.inflight import Flight, InflightRegistry
+from sglang_prefill_ext.runner.waiting import WaitState, lpm_aging_key
+
+
+@dataclasses.dataclass
+class RunnerCounters:
+    passes: int = 0
+    deferrals: int = 0
+    dedup_timeouts: int = 0
+    flights: int = 0
+    landed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class PrefillRunner:
+    def __init__(
+        self,
+        page_size: int,
+        dedup: bool = True,
+        min_shared_tokens: int = 64,
+        max_dedup_passes: int = 256,
+        max_wait_passes: int = 32,
+    ) -> None:
+        self.dedup = dedup
+        self.max_dedup_passes = max_dedup_passes
+        self.max_wait_passes = max_wait_passes
+        self.flights = InflightRegistry(page_size, min_shared_tokens)
+        self.counters = RunnerCounters()
+        self._states: dict[Hashable, WaitState] = {}
+        self._arrivals = itertools.count()
+
+    def state(self, item: Hashable) -> WaitState:
+        state = self._states.get(item)
+        if state is None:
+            state = self._states[item] = WaitState(next(self._arrivals))
+        return state
+
+    def begin_pass(self, waiting: Sequence[Hashable], landed: Callable[[Flight], bool]) -> None:
+        self.counters.passes += 1
+        for flight in list(self.flights):
+            if landed(flight):
+                self.flights.drop(flight.producer)
+                self.counters.landed += 1
+        # Requests that left the queue (admitted, aborted) forget their state.
+        self._states = {item: self.state(item) for item in waiting}
+        for state in self._states.values():
+            state.passes += 1
+
+    def order(
+        self, waiting: MutableSequence[Hashable], version: Hashable, match: Callable[[Hashable], int]
+    ) -> None:
+        """Sort `waiting` in place (lpm-aging); `match(item)` re-matches, only when the tree changed."""
+        for item in waiting:
+            state = self.state(item)
+            if state.version != version:
+                state.matched = match(item)
+                state.version = version
+        keys = {item: lpm_aging_key(self.state(item), self.max_wait_passes) for item in waiting}
+        waiting.sort(key=keys.__getitem__)
+
+    def should_defer(
+        self, item: Hashable, namespace: Hashable, anchor: Hashable, tokens: np.ndarray, start: int
+    ) -> bool:
+        """True when `tokens[start:]` (item's first uncached pages) are being computed right now."""
+        if not self.dedup or not len(self.flights):
+            return False
+        found = self.flights.shared(namespace, anchor, tokens, start)
+        if found is None:
+            return False
+        state = self.state(item)
+        if state.dedup_passes >= self.max_dedup_passes:
+            self.counters.dedup_timeouts += 1
+            return False
+        state.dedup_passes += 1
+        state.deduped_tokens = max(state.deduped_tokens, found[1])
+        self.counters.deferrals += 1
+        return True
+
+    def track(
+        self,
+        producer: Hashable,
+        namespace: Hashable,
+        anchor: Hashable,
+        tokens: np.ndarray,
+        start: int,
+        end: int,
+    ) -> Flight | None:
+        if not self.dedup:
+            return None
+        flight = self.flights.add(producer, namespace, anchor, tokens, start, end)
+        if flight is not None:
+            self.counters.flights += 1
+        return flight

@@ -1,0 +1,31 @@
+"""What the runner remembers about a waiting request between passes, and the lpm-aging order.
+
+LPM with aging: requests that have waited `max_wait_passes` passes or more come first, oldest
+first; the rest by longest cached prefix, ties by arrival. A request's match is refreshed only when
+the tree changed since its last match (`version`), so an idle queue costs O(1) per request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+
+
+@dataclasses.dataclass
+class WaitState:
+    arrival: int
+    passes: int = 0
+    dedup_passes: int = 0
+    deduped_tokens: int = 0
+    matched: int = 0
+    version: Hashable = None
+
+    def aged(self, max_wait_passes: int) -> bool:
+        return self.passes >= max_wait_passes
+
+
+def lpm_aging_key(state: WaitState, max_wait_passes: int) -> tuple[int, int, int]:
+    """Sort key: aged requests first by arrival, then the longest match, then arrival."""
+    if state.aged(max_wait_passes):
+        return (0, 0, state.arrival)
+    return (1, -state.matched, state.arrival)
