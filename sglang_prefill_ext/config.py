@@ -24,12 +24,43 @@ def _option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> 
 
 @dataclasses.dataclass(frozen=True)
 class PrefillExtConfig:
-    eviction: str = _option(
-        "lru",
+    eviction: str | None = _option(
+        None,
         "Eviction policy of the extension's prefix tree: SGLang's own (lru, lfu, fifo, mru, filo, "
         "priority) or 'cost', which keeps nodes whose recomputation costs most (tokens x depth, "
-        "weighted by hits and recency).",
+        "weighted by hits and recency). Unset: SGLang's --radix-eviction-policy.",
         EVICTION_POLICIES,
+    )
+    sparse: bool = _option(
+        False,
+        "Block-sparse attention for long extend batches (FlashInfer); decode and short prompts stay dense.",
+    )
+    sparse_threshold: float = _option(
+        0.05,
+        "Keep a key block when its estimated attention weight (from pooled Q/K) is at least this fraction "
+        "of the row's best block, for any query head of the KV head's group; 0 keeps every block.",
+    )
+    sparse_min_len: int = _option(
+        32768,
+        "Sparse only for extend batches whose longest request (prefix + new tokens) has this many tokens.",
+    )
+    sparse_dense_layers: int = _option(2, "The first N layers always run dense attention.")
+    sparse_block_size: int = _option(128, "Tokens per query/key block of the sparse layout.")
+    sparse_sink_blocks: int = _option(1, "Leading key blocks every query block keeps (attention sinks).")
+    sparse_local_blocks: int = _option(
+        4, "Key blocks right before and including the diagonal that every query block keeps (local window)."
+    )
+    sparse_last_blocks: int = _option(
+        1, "The last N query blocks of each request's extend attend densely (e.g. the question at the end)."
+    )
+    sparse_per_layer: bool = _option(
+        False,
+        "Score and plan in every sparse layer; default: score once at the first sparse layer and share "
+        "its layout with all later layers (one plan per forward).",
+    )
+    sparse_summaries: bool = _option(
+        True,
+        "Keep each full key block's pooled key next to the KV cache so cached prefixes are never rescored.",
     )
 
     schedule: str = _option(
@@ -66,7 +97,7 @@ class PrefillExtConfig:
         for f in dataclasses.fields(cls):
             choices = f.metadata["choices"]
             value = getattr(config, f.name)
-            if choices and value not in choices:
+            if choices and value is not None and value not in choices:
                 raise ValueError(f"--prefill-ext-{f.name.replace('_', '-')}={value!r}: choose from {choices}")
         return config
 
@@ -84,13 +115,23 @@ class _StoreOption(argparse.Action):
         super().__init__(*args, **kwargs)
 
 
-def _cli_type(field: dataclasses.Field) -> Any:
+def _cli_kwargs(field: dataclasses.Field) -> dict[str, Any]:
+    """argparse keywords by the field's default: bools read as switches with an optional value."""
     default = field.default
     if isinstance(default, bool):
-        return lambda text: text.lower() in ("1", "true", "yes", "on")
+        return {"nargs": "?", "const": True, "type": _parse_bool, "metavar": "BOOL"}
+    if field.metadata["choices"]:
+        return {"type": str, "choices": field.metadata["choices"]}
     if isinstance(default, (int, float)):
-        return type(default)
-    return str
+        return {"type": type(default), "metavar": type(default).__name__.upper()}
+    return {"type": str, "metavar": "TEXT"}
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+    return lowered in ("1", "true", "yes", "on")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -104,13 +145,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.set_defaults(**{OPTIONS_DEST: None})
     for f in dataclasses.fields(PrefillExtConfig):
+        shown_default = "unset" if f.default is None else f.default
         group.add_argument(
             f"--prefill-ext-{f.name.replace('_', '-')}",
             dest=f"_prefill_ext_{f.name}",
             action=_StoreOption,
             option_name=f.name,
-            type=_cli_type(f),
-            choices=f.metadata["choices"],
             default=argparse.SUPPRESS,
-            help=f"{f.metadata['help']} (default: {f.default})",
+            help=f"{f.metadata['help']} (default: {shown_default})",
+            **_cli_kwargs(f),
         )

@@ -88,7 +88,7 @@ class PrefillExtRadixCache(BasePrefixCache):
         self.enable_kv_cache_events = params.enable_kv_cache_events
         self.is_eagle = False
         self.disable_finished_insert = params.disable_finished_insert
-        self.eviction_policy = (config.eviction if config is not None else params.eviction_policy).lower()
+        self.eviction_policy = ((config and config.eviction) or params.eviction_policy).lower()
         self.kv_event_queue: list[Any] = []
         if params.enable_metrics:
             self.init_metrics_collector()
