@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from sglang_prefill_ext.patching import PatchSet, installed_sglang_dir
+from sglang_prefill_ext import adapters
+from sglang_prefill_ext.patching import PatchError, PatchSet, installed_sglang_dir
 from sglang_prefill_ext.patching.tree import installed_version
 
 
@@ -39,15 +40,50 @@ def sglang_version(sglang_dir: Path) -> str:
     return installed_version(sglang_dir)
 
 
-@pytest.fixture(scope="session")
-def patched_sglang(sglang_dir: Path, sglang_version: str) -> Iterator[PatchSet]:
-    """The venv's SGLang with the patches applied; reverted at the end if it was not before."""
-    patches = PatchSet(sglang_version, sglang_dir)
-    was_applied = patches.status() == "applied"
+_PATCHED = pytest.StashKey[PatchSet]()
+_WAS_APPLIED = pytest.StashKey[bool]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Patch the venv's SGLang before collection: test modules import sglang at module level, and a
+    module imported unpatched stays unpatched for the whole run."""
+    try:
+        sglang_dir = installed_sglang_dir()
+        patches = PatchSet(installed_version(sglang_dir), sglang_dir)
+    except PatchError:
+        return  # no (supported) SGLang here: the `patched_sglang` fixture says why
+    session.stash[_WAS_APPLIED] = patches.status() == "applied"
     patches.apply()
-    yield patches
-    if not was_applied:
+    session.stash[_PATCHED] = patches
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Revert what `pytest_sessionstart` applied, leaving an already-patched SGLang as it was."""
+    patches = session.stash.get(_PATCHED, None)
+    if patches is not None and not session.stash[_WAS_APPLIED]:
         patches.revert()
+
+
+@pytest.fixture(scope="session")
+def patched_sglang(request: pytest.FixtureRequest, sglang_dir: Path, sglang_version: str) -> PatchSet:
+    """The venv's SGLang with the patches applied (by `pytest_sessionstart`, reverted at the end)."""
+    patches = request.session.stash.get(_PATCHED, None)
+    if patches is None:
+        PatchSet(sglang_version, sglang_dir)  # raises with the reason
+        raise RuntimeError("SGLang was not patched at session start")
+    return patches
+
+
+@pytest.fixture(scope="session")
+def adapter(sglang_version: str) -> ModuleType:
+    """The adapter package for the installed SGLang (`sglang_prefill_ext.adapters.vX_Y_Z`)."""
+    return adapters.for_version(sglang_version)
+
+
+@pytest.fixture(scope="session")
+def sglang_harness(patched_sglang: PatchSet) -> ModuleType:
+    """The installed version's `testing` module: SGLang's own construction code on the CPU, patched."""
+    return adapters.for_version(patched_sglang.version, "testing")
 
 
 @pytest.fixture

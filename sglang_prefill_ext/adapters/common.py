@@ -1,0 +1,52 @@
+"""Version-free halves of the per-version server hooks.
+
+Each `vX_Y_Z/hooks.py` keeps only what differs between SGLang versions (which `ServerArgs`
+fields conflict with the extension, and which tree-cache builder to import) and delegates the
+rest here. Like the hooks modules, this imports nothing from SGLang: the patched
+`sglang.srt.server_args` imports the hooks while it is itself being imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from sglang_prefill_ext import config
+
+# ServerArgs flags, present in every supported version, whose meaning the extension's prefix tree
+# would silently override. A version adds its own on top (see `conflicting_flags`).
+COMMON_CONFLICTING_FLAGS: Mapping[str, str] = {
+    "disable_radix_cache": "--disable-radix-cache (the extension is a radix cache)",
+    "radix_cache_backend": "--radix-cache-backend (the extension installs its own tree cache)",
+    "enable_hierarchical_cache": "--enable-hierarchical-cache",
+    "enable_lmcache": "--enable-lmcache",
+    "enable_flexkv": "--enable-flexkv",
+    "enable_session_radix_cache": "--enable-session-radix-cache",
+}
+
+
+def conflicting_flags(**extra: str) -> dict[str, str]:
+    """The common conflicts plus one version's own (`field_name="--flag (why)"`)."""
+    return {**COMMON_CONFLICTING_FLAGS, **extra}
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    config.add_cli_args(parser)
+
+
+def extension_enabled(server_args: Any) -> bool:
+    return bool(getattr(server_args, "enable_prefill_ext", False))
+
+
+def validate_server_args(server_args: Any, conflicts: Mapping[str, str]) -> None:
+    """Refuse, before any model loads, a configuration the extension cannot serve correctly."""
+    if not server_args.enable_prefill_ext:
+        if server_args.prefill_ext_options:
+            flags = ", ".join(f"--prefill-ext-{k.replace('_', '-')}" for k in server_args.prefill_ext_options)
+            raise ValueError(f"{flags} given without {config.ENABLE_FLAG}")
+        return
+    config.PrefillExtConfig.from_options(server_args.prefill_ext_options)
+    found = [text for name, text in conflicts.items() if getattr(server_args, name, None)]
+    if found:
+        raise ValueError(f"{config.ENABLE_FLAG} cannot be combined with: {'; '.join(found)}")

@@ -1,0 +1,1 @@
+"""Adapter for SGLang 0.5.23."""

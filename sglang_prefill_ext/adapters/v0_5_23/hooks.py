@@ -1,0 +1,43 @@
+"""The functions SGLang 0.5.23 calls once patched; each patch hook is a single call into here.
+
+Imported by the patched `sglang.srt.arg_groups.fields.memory` / `server_args` / `pipeline` and
+`mem_cache.registry`, so it imports nothing from SGLang at module level and nothing heavy. The
+version-free parts live in `sglang_prefill_ext.adapters.common`.
+
+What differs from 0.5.17: the flags are fields of the `memory` namespace struct
+(`arg_groups/fields/memory.py`), validation runs in the resolution pipeline
+(`ServerArgs.resolve_once`, not `__post_init__`), and 0.5.23's own tree-cache selection chain
+reads the published `get_memory()` bag; its default cache is `UnifiedRadixCache`, which some
+options require.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sglang_prefill_ext.adapters import common
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
+    from sglang.srt.mem_cache.registry import TreeCacheBuildContext
+    from sglang.srt.server_args import ServerArgs
+
+add_cli_args = common.add_cli_args
+extension_enabled = common.extension_enabled
+
+# 0.5.23 options that only UnifiedRadixCache serves, on top of the common conflicts.
+CONFLICTING_FLAGS = common.conflicting_flags(
+    enable_unified_cache_external_linker="--enable-unified-cache-external-linker (UnifiedRadixCache only)",
+    enable_streaming_session="--enable-streaming-session (UnifiedRadixCache only)",
+)
+
+
+def validate_server_args(server_args: ServerArgs) -> None:
+    """Refuse, before any model loads, a configuration the extension cannot serve correctly."""
+    common.validate_server_args(server_args, CONFLICTING_FLAGS)
+
+
+def build_tree_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
+    from sglang_prefill_ext.adapters.v0_5_23.tree_cache import build_tree_cache as build
+
+    return build(ctx)
