@@ -68,7 +68,7 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
         self.page_size = params.page_size
         self.is_eagle = False
-        self.eviction_policy = (config.eviction if config is not None else params.eviction_policy).lower()
+        self.eviction_policy = ((config and config.eviction) or params.eviction_policy).lower()
         if params.enable_metrics:
             self.init_metrics_collector()
         self.device = pool_device(self.token_to_kv_pool_allocator)
