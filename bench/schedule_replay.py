@@ -37,16 +37,20 @@ from sglang.srt.constrained.grammar_manager import GrammarManager
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator import (
+    PagedTokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+    alloc_extend_naive,
+)
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.common import maybe_cache_unfinished_req, release_kv_cache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
 from sglang.srt.runtime_context import publish
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-from sglang_prefill_ext.adapters.v0_5_17.testing import parse_server_args
+from sglang.srt.utils import get_num_new_pages
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_CONFIG = REPO / "bench" / "models" / "llama3-8b-dummy"
@@ -141,16 +145,23 @@ def ideal_prefill_tokens(trace: list[TraceReq], page_size: int = 1) -> int:
 # ----- the scheduler under replay -----
 
 
+def parse_server_args(argv: list[str]) -> ServerArgs:
+    """`ServerArgs` as `launch_server` builds them (the patched parser knows the extension's flags)."""
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return ServerArgs.from_cli_args(parser.parse_args(["--model-path", str(MODEL_CONFIG), *argv]))
+
+
 @dataclasses.dataclass
 class ReplayConfig:
     ext: bool
     page_size: int = 1
     pool_tokens: int = 1 << 20
-    max_running_requests: int = 1024
+    max_running_requests: int = 256
     chunked_prefill_size: int = 8192
     schedule_policy: str = "fcfs"
     overlap: bool = False
-    ext_options: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
 
     def server_argv(self) -> list[str]:
         argv = [
@@ -171,7 +182,7 @@ class ReplayConfig:
             "--pp-max-micro-batch-size",
             str(self.max_running_requests),
         ]
-        return argv + (["--enable-prefill-ext", *self.ext_options] if self.ext else [])
+        return argv + (["--enable-prefill-ext"] if self.ext else []) + list(self.extra_args)
 
 
 @dataclasses.dataclass
@@ -187,17 +198,17 @@ class ReplayScheduler:
 
     def __init__(self, config: ReplayConfig) -> None:
         self.config = config
-        server_args = parse_server_args(*config.server_argv())
+        server_args = parse_server_args(config.server_argv())
         publish(server_args, role="test")
         if config.page_size == 1:
             allocator = TokenToKVPoolAllocator(
                 config.pool_tokens, torch.bfloat16, "cpu", None, need_sort=False
             )
         else:
-            allocator = PagedTokenToKVPoolAllocator(
+            allocator = CpuPagedAllocator(
                 config.pool_tokens, config.page_size, torch.bfloat16, "cpu", None, need_sort=False
             )
-        max_len = 1 << 17
+        max_len = 1 << 16  # the longest prompt of the traces + output
         req_pool = ReqToTokenPool(config.max_running_requests, max_len, "cpu", enable_memory_saver=False)
         params = CacheInitParams(
             disable=False,
@@ -252,6 +263,7 @@ class ReplayScheduler:
         s.enable_overlap = config.overlap
         s.spec_algorithm = SpeculativeAlgorithm.NONE
         s.tp_worker = _NoModelWorker()
+        s._pending_chunked_abort_req = None
         s.load_inquirer = _PendingTokens(s)
         self.scheduler = s
         self.running_batch = ScheduleBatch(reqs=[], batch_is_full=False)
@@ -340,25 +352,29 @@ class ReplayScheduler:
         ]
         return {
             "free": pages.to(torch.int64),
-            "tree": s.tree_cache.all_values_flatten().to(torch.int64),
+            "tree": (
+                s.tree_cache.all_values_flatten().to(torch.int64)
+                if s.tree_cache.total_size()
+                else torch.empty(0, dtype=torch.int64)
+            ),
             "requests": torch.cat(owned).to(torch.int64) if owned else torch.empty(0, dtype=torch.int64),
         }
 
     def kv_accounting_errors(self) -> list[str]:
-        """Empty when every slot 1..size has exactly one owner and the tree's counters add up."""
+        """Empty when every slot of the pool has exactly one owner and the tree's counters add up."""
         s = self.scheduler
         slots = self.kv_slots()
         every = torch.cat(list(slots.values()))
         size = s.token_to_kv_pool_allocator.size
+        first = s.token_to_kv_pool_allocator.page_size  # slot (page) 0 is the padding slot
         errors = []
-        if len(every) != size:
-            errors.append(
-                f"{len(every)} owned slots for a pool of {size} ({ {k: len(v) for k, v in slots.items()} })"
-            )
-        if len(torch.unique(every)) != len(every):
-            errors.append("a slot has two owners (double free or leak into the tree)")
-        if len(every) and (int(every.min()) < 1 or int(every.max()) > size):
-            errors.append("a slot outside 1..size")
+        if len(every) and (int(every.min()) < first or int(every.max()) >= size + first):
+            return [f"a slot outside the pool [{first}, {size + first})"]
+        owners = torch.bincount(every - first, minlength=size)
+        if bool((owners > 1).any()):
+            errors.append("a slot has two owners (double free, or freed while the tree holds it)")
+        if bool((owners == 0).any()):
+            errors.append(f"{int((owners == 0).sum())} slots have no owner (leaked)")
         cache = s.tree_cache
         if cache.evictable_size() + cache.protected_size() != len(slots["tree"]):
             errors.append(
@@ -366,6 +382,31 @@ class ReplayScheduler:
                 f"{cache.evictable_size()} evictable + {cache.protected_size()} protected"
             )
         return errors
+
+
+class CpuPagedAllocator(PagedTokenToKVPoolAllocator):
+    """SGLang's paged allocator with its own reference `alloc_extend_naive` in place of the Triton kernel."""
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        num_new_pages: int | None = None,
+    ) -> torch.Tensor | None:
+        if num_new_pages is None:
+            num_new_pages = get_num_new_pages(
+                seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
+            )
+        if num_new_pages > len(self.free_pages):
+            return None
+        out = torch.empty((extend_num_tokens,), dtype=torch.int64)
+        alloc_extend_naive(prefix_lens, seq_lens, last_loc, self.free_pages, out, self.page_size, self.device)
+        self.free_pages = self.free_pages[num_new_pages:]
+        return out
 
 
 class _NoModelWorker:

@@ -1,0 +1,25 @@
+"""The schedule replay engine (bench/schedule_replay.py), imported once SGLang is patched."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from sglang_prefill_ext.patching import PatchSet
+
+REPLAY_PATH = Path(__file__).resolve().parents[2] / "bench" / "schedule_replay.py"
+
+
+@pytest.fixture(scope="session")
+def replay(patched_sglang: PatchSet, sglang_version: str) -> ModuleType:
+    if sglang_version != "0.5.17":
+        pytest.skip(f"the schedule replay drives SGLang 0.5.17's scheduler, not {sglang_version}")
+    spec = importlib.util.spec_from_file_location("schedule_replay", REPLAY_PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,95 @@
+"""The version-free runner: deferral until landing, its safety bound, and lpm-aging's bound."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sglang_prefill_ext.runner import Flight, PrefillRunner
+
+SHARED = np.arange(0, 512, dtype=np.int64)
+
+
+def prompt(own: int) -> np.ndarray:
+    return np.concatenate([SHARED, np.full(32, 10_000 + own, dtype=np.int64)])
+
+
+def test_waiter_defers_until_the_flight_lands_then_proceeds() -> None:
+    runner = PrefillRunner(page_size=1)
+    landed: set[str] = set()
+
+    def has_landed(flight: Flight) -> bool:
+        return flight.producer in landed
+
+    runner.begin_pass(["a", "b"], has_landed)
+    assert not runner.should_defer("a", None, "root", prompt(0), 0)
+    runner.track("a", None, "root", prompt(0), 0, 544)
+    assert runner.should_defer("b", None, "root", prompt(1), 0)
+    runner.begin_pass(["b"], has_landed)  # a's batch has not landed yet (overlap)
+    assert runner.should_defer("b", None, "root", prompt(1), 0)
+    landed.add("a")
+    runner.begin_pass(["b"], has_landed)
+    assert not runner.should_defer("b", None, "root", prompt(1), 0)
+    assert runner.state("b").deduped_tokens == 512
+    assert runner.counters.as_dict() | {"passes": 0} == {
+        "passes": 0,
+        "deferrals": 2,
+        "dedup_timeouts": 0,
+        "flights": 1,
+        "landed": 1,
+    }
+
+
+def test_a_flight_that_never_lands_is_waited_on_a_bounded_number_of_passes() -> None:
+    runner = PrefillRunner(page_size=1, max_dedup_passes=3)
+    runner.begin_pass(["a", "b"], lambda flight: False)
+    runner.track("a", None, "root", prompt(0), 0, 544)
+    deferred = 0
+    while runner.should_defer("b", None, "root", prompt(1), 0):
+        deferred += 1
+        runner.begin_pass(["b"], lambda flight: False)
+    assert deferred == 3
+    assert runner.counters.dedup_timeouts == 1
+
+
+def test_dedup_off_never_defers() -> None:
+    runner = PrefillRunner(page_size=1, dedup=False)
+    runner.begin_pass(["a", "b"], lambda flight: False)
+    runner.track("a", None, "root", prompt(0), 0, 544)
+    assert not runner.should_defer("b", None, "root", prompt(1), 0)
+
+
+def test_lpm_aging_admits_a_starved_request_within_the_bound() -> None:
+    """One admission per pass, a newcomer with a long match every pass: pure LPM would starve `old`."""
+    max_wait = 5
+    runner = PrefillRunner(page_size=1, max_wait_passes=max_wait)
+    matches = {"old": 0}
+    waiting = ["old"]
+    for step in range(50):
+        newcomer = f"n{step}"
+        matches[newcomer] = 1000
+        waiting.append(newcomer)
+        runner.begin_pass(waiting, lambda flight: False)
+        runner.order(waiting, version=step, match=matches.__getitem__)
+        admitted = waiting.pop(0)
+        if admitted == "old":
+            break
+    assert admitted == "old"
+    assert step + 1 <= max_wait
+
+
+def test_lpm_aging_rematches_only_when_the_tree_changed() -> None:
+    runner = PrefillRunner(page_size=1)
+    calls: list[str] = []
+
+    def match(item: str) -> int:
+        calls.append(item)
+        return {"a": 1, "b": 2}[item]
+
+    waiting = ["a", "b"]
+    runner.begin_pass(waiting, lambda flight: False)
+    runner.order(waiting, version=1, match=match)
+    assert waiting == ["b", "a"]
+    runner.order(waiting, version=1, match=match)
+    assert calls == ["a", "b"]
+    runner.order(waiting, version=2, match=match)
+    assert calls == ["a", "b", "b", "a"]

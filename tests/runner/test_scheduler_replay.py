@@ -1,0 +1,154 @@
+"""SGLang 0.5.17's real prefill scheduling on CPU pools, stock and under --enable-prefill-ext.
+
+Every replay checks the KV accounting after each scheduler iteration: each slot of the pool has
+exactly one owner (allocator free list, tree, or a live request), and the tree's evictable +
+protected counters equal the slots it holds.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+SMALL_CHUNK = 2048
+POOL = 1 << 17  # small enough that the per-step slot census stays cheap
+
+
+def run(replay: ModuleType, trace: list, **config: object) -> object:
+    scheduler = replay.ReplayScheduler(replay.ReplayConfig(**{"pool_tokens": POOL, **config}))
+    for step in replay.drive(scheduler, trace):
+        assert scheduler.kv_accounting_errors() == [], f"after step {step}"
+    assert not scheduler.busy()
+    assert sorted(scheduler.finished) == sorted(t.rid for t in trace)
+    return scheduler
+
+
+def extend_tokens(scheduler: object) -> int:
+    return sum(end - start for step in scheduler.steps for _, start, end in step.admitted)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_burst_computes_the_shared_prefix_once(replay: ModuleType, policy: str, overlap: bool) -> None:
+    trace = replay.burst(8, 1024, 64)
+    common = {"chunked_prefill_size": SMALL_CHUNK, "schedule_policy": policy, "overlap": overlap}
+    stock = run(replay, trace, ext=False, **common)
+    ext = run(replay, trace, ext=True, **common)
+    ideal = replay.ideal_prefill_tokens(trace)
+    assert ideal == 1024 + 8 * 64
+    assert extend_tokens(ext) == ext.prefill_tokens == ideal
+    assert stock.prefill_tokens > ideal  # the case being fixed: stock computes the prefix several times
+
+
+def test_long_prefix_burst_stays_ideal(replay: ModuleType) -> None:
+    trace = replay.burst(4, 6000, 100)
+    ext = run(replay, trace, ext=True, chunked_prefill_size=SMALL_CHUNK)
+    assert ext.prefill_tokens == replay.ideal_prefill_tokens(trace)
+
+
+def test_chunks_are_page_aligned_and_pages_computed_once(replay: ModuleType) -> None:
+    page = 16
+    trace = replay.burst(6, 1000, 37)
+    ext = run(replay, trace, ext=True, page_size=page, chunked_prefill_size=256, pool_tokens=1 << 16)
+    lengths = {t.rid: len(t.tokens) for t in trace}
+    ranges = [(rid, start, end) for step in ext.steps for rid, start, end in step.admitted]
+    assert any(end < lengths[rid] for rid, _, end in ranges), "the trace must chunk"
+    for rid, start, end in ranges:
+        assert start % page == 0
+        assert end % page == 0 or end == lengths[rid]
+    assert ext.prefill_tokens == replay.ideal_prefill_tokens(trace, page)
+
+
+@pytest.mark.parametrize("name", ["shared-doc", "multi-turn", "unique"])
+def test_ext_never_computes_more_than_stock(replay: ModuleType, name: str) -> None:
+    trace = replay.TRACES[name]()
+    stock = run(replay, trace, ext=False, chunked_prefill_size=SMALL_CHUNK)
+    ext = run(replay, trace, ext=True, chunked_prefill_size=SMALL_CHUNK)
+    assert ext.prefill_tokens <= stock.prefill_tokens
+    # Overlaps shorter than --prefill-ext-dedup-min-tokens (64) are recomputed rather than waited for.
+    assert ext.prefill_tokens - replay.ideal_prefill_tokens(trace) < 64 * len(trace)
+
+
+def test_aborting_the_chunked_producer_leaves_waiters_correct(replay: ModuleType) -> None:
+    shared, own, n = 4096, 64, 6
+    trace = replay.burst(n, shared, own)
+    scheduler = replay.ReplayScheduler(
+        replay.ReplayConfig(ext=True, chunked_prefill_size=1024, pool_tokens=POOL)
+    )
+    steps = replay.drive(scheduler, trace)
+    next(steps)
+    next(steps)
+    producer = scheduler.scheduler.chunked_req
+    assert producer is not None and producer.rid == "b0"
+    waiting = {r.rid for r in scheduler.scheduler.waiting_queue}
+    assert waiting == {f"b{i}" for i in range(1, n)}
+    landed = producer.cache_protected_len  # the chunks already stashed in the tree
+    assert 0 < landed < shared
+    scheduler.abort(producer.rid)
+    assert scheduler.kv_accounting_errors() == []
+    for step in steps:
+        assert scheduler.kv_accounting_errors() == [], f"after step {step}"
+    assert sorted(scheduler.finished) == sorted(waiting)
+    producer_computed = sum(
+        end - start for step in scheduler.steps for rid, start, end in step.admitted if rid == "b0"
+    )
+    # The waiters reuse what landed and compute the rest of the prefix once, between them.
+    assert scheduler.prefill_tokens == producer_computed + (shared - landed) + (n - 1) * own
+    cache = scheduler.scheduler.tree_cache
+    assert cache.evictable_size() + scheduler.scheduler.token_to_kv_pool_allocator.available_size() == (
+        scheduler.scheduler.token_to_kv_pool_allocator.size
+    )
+
+
+@pytest.mark.parametrize(("max_wait", "bounded"), [(4, True), (1000, False)])
+def test_lpm_aging_bounds_the_wait(replay: ModuleType, max_wait: int, bounded: bool) -> None:
+    """One admission per pass; each pass a request with a long cached match arrives. `old` has none."""
+    rng = replay.random.Random(5)
+    prefix = replay._tokens(rng, 1024)
+    trace = [replay.TraceReq("warm", tuple(prefix + replay._tokens(rng, 8)))]
+    trace.append(replay.TraceReq("old", tuple(replay._tokens(rng, 200)), arrival=2))
+    trace += [
+        replay.TraceReq(f"n{i}", tuple(prefix + replay._tokens(rng, 50)), arrival=2 + i) for i in range(30)
+    ]
+    config = replay.ReplayConfig(
+        ext=True,
+        schedule_policy="lpm",
+        extra_args=("--prefill-max-requests", "1", "--prefill-ext-max-wait-passes", str(max_wait)),
+    )
+    scheduler = run(replay, trace, **config.__dict__)
+    admitted_at = next(
+        i for i, step in enumerate(scheduler.steps) if any(rid == "old" for rid, _, _ in step.admitted)
+    )
+    waited = admitted_at - 2
+    assert (waited <= 4) == bounded  # control: without aging, `old` waits until the newcomers stop
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_flag_off_and_neutral_ext_make_stock_decisions(replay: ModuleType, policy: str) -> None:
+    """Flag off is the stock path (no runner); the runner with dedup off and stock order decides the same."""
+    trace = replay.burst(6, 1024, 64) + replay.shared_doc(2, 3, 700, 50)
+    common = {"chunked_prefill_size": SMALL_CHUNK, "schedule_policy": policy}
+    stock = run(replay, trace, ext=False, **common)
+    assert stock.scheduler.prefill_ext_runner is None
+    neutral = run(
+        replay,
+        trace,
+        ext=True,
+        extra_args=("--prefill-ext-dedup", "false", "--prefill-ext-schedule", "stock"),
+        **common,
+    )
+    assert neutral.scheduler.prefill_ext_runner is not None
+    assert [s.admitted for s in neutral.steps] == [s.admitted for s in stock.steps]
+
+
+def test_the_slot_census_catches_leaks_and_double_frees(replay: ModuleType) -> None:
+    scheduler = run(replay, replay.burst(2, 128, 16), ext=True)
+    allocator = scheduler.scheduler.token_to_kv_pool_allocator
+    leaked = allocator.alloc(4)
+    assert scheduler.kv_accounting_errors() == ["4 slots have no owner (leaked)"]
+    allocator.free(leaked)
+    allocator.free(scheduler.scheduler.tree_cache.all_values_flatten()[:1])
+    assert scheduler.kv_accounting_errors() == [
+        "a slot has two owners (double free, or freed while the tree holds it)"
+    ]
