@@ -1,0 +1,312 @@
+"""Sparse vs dense long prefill attention on one GPU: times incl. scoring and planning, TFLOP/s, needles.
+
+    python bench/ops_bench.py [--lens 8192 32768 65536 131072] [--json PATH]
+
+Shape: one request, 32 query / 8 KV heads, head_dim 128, bf16, causal; KV in a page-size-1 pool.
+Rows per length L:
+  sdpa      torch SDPA, dense causal (GQA)
+  fi_dense  FlashInfer ragged prefill, dense causal (what SGLang runs for a fresh prompt)
+  sparse    this package: pool + score (Triton) + plan (GPU indices, FlashInfer plan) + attention,
+            on synthetic topic-structured Q/K with planted needles (density is a property of this data)
+  rand_d    attention only over a random block mask of density d (diagonal kept): kernel speed vs density
+  chunk     the last 8K chunk over a 120K cached prefix: sparse (with and without key summaries) vs
+            FlashInfer paged dense prefill
+TFLOP/s counts the FLOPs each path executes (causal halves included); `ceiling` is a bf16 8K^3 matmul
+measured in the same run. Times are medians of CUDA-event timings after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from sglang_prefill_ext.ops import (
+    BlockLayout,
+    BlockSparsePrefill,
+    KeySummaryCache,
+    SparsePrefill,
+    SparseSettings,
+)
+from sglang_prefill_ext.ops.plan import PlanIndices, build_plan_indices
+
+HQ, HKV, D, BLOCK = 32, 8, 128, 128
+TOPICS, TOPIC_AMPLITUDE, NEEDLES, NEEDLE_AMPLITUDE = 128, 10.0, 16, 12.0
+DEV = "cuda"
+
+
+def timed(fn: Callable[[], object], reps: int) -> float:
+    """Median milliseconds of `fn` over `reps` runs, after one warm-up run."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def matmul_ceiling() -> float:
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    ms = timed(lambda: a @ b, 20)
+    return 2 * 8192**3 / ms / 1e9
+
+
+def causal_flops(q_len: int, kv_len: int, num_qo_heads: int = HQ) -> float:
+    """FLOPs of causal attention of q_len queries ending at kv_len keys (QK^T and PV)."""
+    pairs = q_len * kv_len - q_len * (q_len - 1) / 2
+    return 4.0 * D * num_qo_heads * pairs
+
+
+def plan_flops(indices: PlanIndices) -> float:
+    qo = indices.qo_indptr.double()
+    kv = indices.kv_indptr.double()
+    q_len, kv_len = qo[1:] - qo[:-1], kv[1:] - kv[:-1]
+    pairs = (q_len * kv_len - q_len * (q_len - 1) / 2).sum().item()
+    return 4.0 * D * (HQ // HKV) * pairs
+
+
+def structured_qkv(
+    length: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+    """Q/K with block topics (each query head seeks one topic seen earlier) and planted needles."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    blocks = length // BLOCK
+    topics = F.normalize(torch.randn(TOPICS, D, device=DEV, generator=gen), dim=-1) * TOPIC_AMPLITUDE
+    q = torch.randn(length, HQ, D, device=DEV, generator=gen)
+    k = torch.randn(length, HKV, D, device=DEV, generator=gen)
+    k_topic = torch.randint(0, TOPICS, (blocks, HKV), device=DEV, generator=gen)
+    # each query head of block i looks for the topic of one earlier (or its own) key block of its KV head
+    earlier = (
+        torch.rand(blocks, HQ, device=DEV, generator=gen) * torch.arange(1, blocks + 1, device=DEV)[:, None]
+    ).long()
+    q_topic = k_topic.repeat_interleave(HQ // HKV, 1).gather(0, earlier)
+    q += topics[q_topic].repeat_interleave(BLOCK, 0)
+    k += topics[k_topic].repeat_interleave(BLOCK, 0)
+    needles = []
+    for _ in range(NEEDLES):
+        qb = int(torch.randint(8, blocks, (1,), device=DEV, generator=gen))
+        kb = int(torch.randint(1, qb - 4, (1,), device=DEV, generator=gen))
+        qh = int(torch.randint(0, HQ, (1,), device=DEV, generator=gen))
+        u = F.normalize(torch.randn(D, device=DEV, generator=gen), dim=0) * NEEDLE_AMPLITUDE
+        q[qb * BLOCK : (qb + 1) * BLOCK, qh] += u
+        k[kb * BLOCK : (kb + 1) * BLOCK, qh // (HQ // HKV)] += u
+        needles.append((qh // (HQ // HKV), qb, kb))
+    v = torch.randn(length, HKV, D, device=DEV, generator=gen)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16(), needles
+
+
+def fi_dense(
+    workspace: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> Callable[[], torch.Tensor]:
+    from flashinfer import BatchPrefillWithRaggedKVCacheWrapper
+
+    wrapper = BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
+    indptr = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=DEV)
+    wrapper.plan(indptr, indptr, HQ, HKV, D, causal=True, q_data_type=q.dtype)
+    return lambda: wrapper.run(q, k, v)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], torch.Tensor]:
+    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    try:
+        F.scaled_dot_product_attention(
+            qt[:, :, :256], kt[:, :, :256], vt[:, :, :256], is_causal=True, enable_gqa=True
+        )
+    except RuntimeError:  # no GQA-capable kernel: give SDPA repeated KV heads
+        kt, vt = (x.repeat_interleave(HQ // HKV, 1) for x in (kt, vt))
+        return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+    return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
+
+
+def host_ms(fn: Callable[[], object], reps: int = 3) -> float:
+    """Wall milliseconds (device synchronised) of code that syncs with the host, e.g. planning."""
+    fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def bench_length(length: int, ceiling: float, workspace: torch.Tensor) -> list[dict]:
+    reps = 10 if length <= 32768 else 3
+    q, k, v, needles = structured_qkv(length, seed=length)
+    rows: list[dict] = []
+    dense_flops = causal_flops(length, length)
+
+    ms = timed(sdpa(q, k, v), reps)
+    rows.append(dict(L=length, path="sdpa", ms=ms, tflops=dense_flops / ms / 1e9))
+    fi_run = fi_dense(workspace, q, k, v)
+    ms = timed(fi_run, reps)
+    dense_out = fi_run()
+    rows.append(dict(L=length, path="fi_dense", ms=ms, tflops=dense_flops / ms / 1e9))
+
+    sparse = SparsePrefill(SparseSettings(), BlockSparsePrefill(workspace))
+    layout = BlockLayout.build([0], [length], BLOCK, DEV)
+    locs = torch.arange(length, device=DEV)
+    sparse.begin(layout, locs)
+    scale = D**-0.5
+    select_ms = timed(lambda: sparse.select(q, k, scale, None), reps)
+    mask = sparse.select(q, k, scale, None)
+    plan_ms = host_ms(lambda: sparse.plan(mask, q, scale))
+    indices = build_plan_indices(mask, layout, locs)
+    attn_ms = timed(lambda: sparse.attention.run(q, k, v), reps)
+    out = sparse.attention.run(q, k, v)
+    causal_blocks = layout.num_rows * (layout.num_rows + 1) / 2 * HKV
+    total = select_ms + plan_ms + attn_ms
+    rows.append(
+        dict(
+            L=length,
+            path="sparse",
+            ms=total,
+            select_ms=select_ms,
+            plan_ms=plan_ms,
+            attn_ms=attn_ms,
+            density=float(mask.sum()) / causal_blocks,
+            recall=sum(bool(mask[n]) for n in needles) / len(needles),
+            rel_err=float((out.float() - dense_out.float()).norm() / dense_out.float().norm()),
+            tflops=plan_flops(indices) / attn_ms / 1e9,
+            per_layer_overhead=(select_ms + plan_ms) / attn_ms,
+        )
+    )
+    for density in (0.1, 0.05):
+        cols = torch.arange(layout.num_rows, device=DEV)
+        causal = cols[None, :] <= cols[:, None]
+        rand = torch.rand(HKV, layout.num_rows, layout.num_rows, device=DEV) < density
+        rmask = (rand | (cols[None, :] == cols[:, None])) & causal
+        sparse.plan(rmask, q, scale)
+        ms = timed(lambda: sparse.attention.run(q, k, v), reps)
+        flops = plan_flops(build_plan_indices(rmask, layout, locs))
+        rows.append(dict(L=length, path=f"rand_{density}", ms=ms, tflops=flops / ms / 1e9, density=density))
+    for row in rows:
+        row["vs_sdpa"] = rows[0]["ms"] / row["ms"]
+        row["pct_ceiling"] = 100 * row["tflops"] / ceiling
+    return rows
+
+
+def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float) -> list[dict]:
+    """The last chunk of a long prompt over its cached prefix, as chunked prefill runs it."""
+    from flashinfer import BatchPrefillWithPagedKVCacheWrapper
+
+    prefix = total - chunk
+    q, k, v, _ = structured_qkv(total, seed=total + 1)
+    q_chunk = q[prefix:].contiguous()
+    scale = D**-0.5
+    paged = BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+    paged.plan(
+        torch.tensor([0, chunk], dtype=torch.int32),
+        torch.tensor([0, total], dtype=torch.int32),
+        torch.arange(total, dtype=torch.int32, device=DEV),
+        torch.ones(1, dtype=torch.int32),
+        HQ,
+        HKV,
+        D,
+        1,
+        causal=True,
+        q_data_type=q.dtype,
+    )
+    ms = timed(lambda: paged.run(q_chunk, (k.unsqueeze(1), v.unsqueeze(1))), 5)
+    rows = [
+        dict(
+            L=total,
+            path=f"chunk{chunk // 1024}K_fi_paged",
+            ms=ms,
+            tflops=causal_flops(chunk, total) / ms / 1e9,
+        )
+    ]
+    locs = torch.arange(total, device=DEV)
+    summaries = KeySummaryCache(total, 1, HKV, D, BLOCK, DEV)
+    for use in (False, True):
+        sparse = SparsePrefill(SparseSettings(), BlockSparsePrefill(workspace), summaries if use else None)
+        if use:  # the earlier chunks left their blocks' summaries behind
+            first = BlockLayout.build([0], [prefix], BLOCK, DEV)
+            sparse.begin(first, locs[:prefix])
+            sparse.select(q[:prefix], k, scale, 0)
+        layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV)
+        sparse.begin(layout, locs)
+        select_ms = timed(lambda s=sparse: s.select(q_chunk, k, scale, 0), 5)
+        mask = sparse.select(q_chunk, k, scale, 0)
+        plan_ms = host_ms(lambda s=sparse, m=mask: s.plan(m, q_chunk, scale))
+        attn_ms = timed(lambda s=sparse: s.attention.run(q_chunk, k, v), 5)
+        flops = plan_flops(build_plan_indices(mask, layout, locs))
+        rows.append(
+            dict(
+                L=total,
+                path=f"chunk{chunk // 1024}K_sparse" + ("_summaries" if use else ""),
+                ms=select_ms + plan_ms + attn_ms,
+                select_ms=select_ms,
+                plan_ms=plan_ms,
+                attn_ms=attn_ms,
+                tflops=flops / attn_ms / 1e9,
+                density=float(mask.sum()) / (HKV * layout.num_rows * (prefix // BLOCK + layout.num_rows / 2)),
+            )
+        )
+    for row in rows:
+        row["vs_sdpa"] = rows[0]["ms"] / row["ms"]  # here: vs FlashInfer paged dense
+        row["pct_ceiling"] = 100 * row["tflops"] / ceiling
+    return rows
+
+
+COLUMNS = (
+    "L path ms select_ms plan_ms attn_ms per_layer_overhead vs_sdpa tflops pct_ceiling density recall rel_err"
+)
+
+
+def table(rows: list[dict], ceiling: float) -> str:
+    cols = COLUMNS.split()
+    lines = [f"bf16 matmul ceiling: {ceiling:.0f} TFLOP/s (8192^3, same run)", " | ".join(cols)]
+    for row in rows:
+        cells = []
+        for c in cols:
+            x = row.get(c, "")
+            cells.append(f"{x:.3g}" if isinstance(x, float) and not math.isnan(x) else str(x))
+        lines.append(" | ".join(cells))
+    lines.append(
+        "vs_sdpa: dense torch SDPA time / this row's (chunk rows: FlashInfer paged dense time / this row's)."
+    )
+    lines.append(
+        "per_layer_overhead: (select + plan) / attention, the cost of selecting in every layer, not once."
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lens", type=int, nargs="+", default=[8192, 32768, 65536, 131072])
+    parser.add_argument("--chunk", type=int, default=8192)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    workspace = torch.empty(512 << 20, dtype=torch.uint8, device=DEV)
+    ceiling = matmul_ceiling()
+    rows: list[dict] = []
+    for length in args.lens:
+        rows += bench_length(length, ceiling, workspace)
+        print(json.dumps(rows[-5:]), flush=True)
+        torch.cuda.empty_cache()
+    rows += bench_chunk(max(args.lens), args.chunk, workspace, ceiling)
+    info = dict(
+        device=torch.cuda.get_device_name(), torch=torch.__version__, ceiling_tflops=ceiling, rows=rows
+    )
+    if args.json:
+        args.json.write_text(json.dumps(info, indent=1))
+    print(table(rows, ceiling))
+
+
+if __name__ == "__main__":
+    main()

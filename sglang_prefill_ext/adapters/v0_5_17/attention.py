@@ -1,0 +1,188 @@
+"""SGLang 0.5.17's FlashInfer attention backend with block-sparse prefill for long extend batches.
+
+What runs where:
+- decode, target-verify, draft-extend, dLLM and anything not plain EXTEND/MIXED: stock, untouched;
+- an extend batch whose longest request (prefix + new tokens) is under `sparse_min_len`: stock;
+- a sparse batch: its first `sparse_dense_layers` layers run stock; every later layer writes its
+  K/V to the pool as stock does, then attends over the pool through the block-sparse layout
+  (prefix and chunk alike, see `sglang_prefill_ext.ops.layout`). By default the layout is selected
+  and planned once, at the first sparse layer, and shared by all later layers; with
+  `sparse_per_layer` every sparse layer scores and plans its own.
+- Not sparse (stock instead): sliding-window or cross-attention models, encoder-only layers,
+  multi-item scoring, FP4/FP8 KV caches (FlashInfer's scale path), and anything under CUDA-graph capture.
+
+Prefill CUDA graphs: planning reads kv_indptr back to the host, so a sparse batch cannot replay a
+captured prefill graph. `wants_eager_prefill(forward_batch)` says which batches must run eagerly
+(the runner's `can_run_graph` must return False for them); as a second line of defence,
+`forward_extend` runs stock attention whenever the batch it is handed is not the one planned in
+`init_forward_metadata` (a graph replay hands in its static batch), so a missing hook costs speed,
+never correctness. Dense batches keep their graphs.
+
+Key summaries: the pooled key of every full block is kept per KV slot (`KeySummaryCache`), written
+when a sparse forward completes the block and forgotten as soon as its first KV slot is written
+again: `release_kv_slots(out_cache_loc)` runs here for every eager extend batch, and must be called
+by the model runner for the batches that bypass `init_forward_metadata` (decode, CUDA-graph replays).
+A stale summary can only mis-steer block selection, never the attention arithmetic over kept blocks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+from sglang_prefill_ext.adapters import common
+from sglang_prefill_ext.config import OPTIONS_DEST, PrefillExtConfig
+from sglang_prefill_ext.ops import (
+    BlockLayout,
+    BlockSparsePrefill,
+    KeySummaryCache,
+    SparsePrefill,
+    SparseSettings,
+    context_locs,
+)
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+_SPARSE_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED)
+_SPARSE_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
+    return SparseSettings(
+        block_size=config.sparse_block_size,
+        threshold=config.sparse_threshold,
+        sink_blocks=config.sparse_sink_blocks,
+        local_blocks=config.sparse_local_blocks,
+        last_blocks=config.sparse_last_blocks,
+    )
+
+
+class SparsePrefillFlashInferBackend(FlashInferAttnBackend):
+    """Stock FlashInfer backend plus block-sparse attention for long extend batches."""
+
+    def __init__(self, model_runner: ModelRunner, config: PrefillExtConfig, **kwargs) -> None:
+        super().__init__(model_runner, **kwargs)
+        self.ext_config = config
+        pool = self.token_to_kv_pool
+        self._first_sparse_layer = pool.start_layer + config.sparse_dense_layers
+        summaries = None
+        if config.sparse_summaries:
+            scoring_layers = (
+                max(1, pool.layer_num - config.sparse_dense_layers) if config.sparse_per_layer else 1
+            )
+            summaries = KeySummaryCache(
+                pool.size + pool.page_size,
+                scoring_layers,
+                pool.head_num,
+                pool.head_dim,
+                config.sparse_block_size,
+                model_runner.device,
+            )
+        self.sparse = SparsePrefill(
+            sparse_settings(config), BlockSparsePrefill(self.workspace_buffer), summaries
+        )
+        self._sparse_batch: ForwardBatch | None = None
+
+    def wants_eager_prefill(self, forward_batch: ForwardBatch) -> bool:
+        """True for the extend batches that take the sparse path (no prefill CUDA graph for them)."""
+        config = self.ext_config
+        if not (config.sparse and forward_batch.forward_mode in _SPARSE_MODES):
+            return False
+        if forward_batch.extend_prefix_lens_cpu is None or forward_batch.seq_lens_cpu is None:
+            return False
+        supported = (
+            self.dispatch_reason is None
+            and not self.enable_mis
+            and not self.prefill_uses_dequant_workspace
+            and self.flashinfer_kv_cache_dtype in _SPARSE_DTYPES
+        )
+        return supported and int(forward_batch.seq_lens_cpu.max()) >= config.sparse_min_len
+
+    def release_kv_slots(self, locs: torch.Tensor) -> None:
+        """Forget key summaries whose block starts at one of these KV slots (freed or rewritten)."""
+        if self.sparse.summaries is not None and locs.numel():
+            self.sparse.summaries.release(locs)
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        super().init_forward_metadata(forward_batch)
+        self._sparse_batch = None
+        if torch.cuda.is_current_stream_capturing():
+            return
+        if forward_batch.forward_mode in _SPARSE_MODES and forward_batch.out_cache_loc is not None:
+            self.release_kv_slots(forward_batch.out_cache_loc)
+        if not self.wants_eager_prefill(forward_batch):
+            return
+        layout = BlockLayout.build(
+            [int(x) for x in forward_batch.extend_prefix_lens_cpu],
+            [int(x) for x in forward_batch.extend_seq_lens_cpu],
+            self.ext_config.sparse_block_size,
+            forward_batch.seq_lens.device,
+        )
+        locs = context_locs(layout, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices)
+        self.sparse.begin(layout, locs)
+        self._sparse_batch = forward_batch
+
+    def _runs_sparse(
+        self, q: torch.Tensor, k: torch.Tensor | None, layer: RadixAttention, forward_batch: ForwardBatch
+    ) -> bool:
+        return (
+            forward_batch is self._sparse_batch
+            and k is not None
+            and layer.layer_id >= self._first_sparse_layer
+            and not layer.is_cross_attention
+            and layer.attn_type != AttentionType.ENCODER_ONLY
+            and layer.sliding_window_size in (None, -1)
+            and q.shape[0] == self.sparse.layout.num_tokens
+        )
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        if not self._runs_sparse(q, k, layer, forward_batch):
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        if save_kv_cache:
+            self.token_to_kv_pool.set_kv_buffer(
+                layer,
+                KVWriteLoc(forward_batch.out_cache_loc, self.forward_metadata.swa_out_cache_loc),
+                k,
+                v,
+                *self._kv_write_scales(layer),
+            )
+        per_layer = self.ext_config.sparse_per_layer
+        k_buffer, v_buffer = self.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        o = self.sparse.forward(
+            q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim),
+            k_buffer,
+            v_buffer,
+            layer.scaling,
+            replan=per_layer,
+            summary_layer=layer.layer_id - self._first_sparse_layer if per_layer else 0,
+            logits_soft_cap=layer.logit_cap,
+        )
+        return o.view(-1, layer.tp_q_head_num * layer.head_dim)
+
+
+def create_backend(model_runner: ModelRunner) -> FlashInferAttnBackend:
+    """The non-MLA FlashInfer backend: sparse prefill when the extension and `--prefill-ext-sparse`
+    are on, SGLang's own otherwise (the registry's `create_flashinfer_backend` returns this)."""
+    server_args = model_runner.server_args
+    kwargs = {"init_new_workspace": model_runner.init_new_workspace}
+    if not common.extension_enabled(server_args):
+        return FlashInferAttnBackend(model_runner, **kwargs)
+    config = PrefillExtConfig.from_options(getattr(server_args, OPTIONS_DEST, None))
+    if not config.sparse:
+        return FlashInferAttnBackend(model_runner, **kwargs)
+    return SparsePrefillFlashInferBackend(model_runner, config, **kwargs)

@@ -1,0 +1,121 @@
+"""Kept-block mask -> FlashInfer paged-prefill indices, built on the GPU.
+
+Every (KV head h, row block r) becomes one FlashInfer "request" with the G query heads of h as its
+query heads and one KV head: its query rows are rows h*N + row_q_start[r] .. of the head-major query
+tensor [Hkv*N, G, D], and its KV "pages" are single tokens of a single head, i.e. the KV pool
+[T, Hkv, D] viewed without a copy as [T*Hkv, 1, 1, D], page index = loc*Hkv + h. The kept blocks of
+the row are listed in increasing order (the diagonal last; see layout.py), each expanded to its
+tokens' page indices. The one device->host copy is kv_indptr ([Hkv*R + 1] ints), which FlashInfer's
+planner needs on the host anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import triton_enabled
+from .layout import BlockLayout
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanIndices:
+    qo_indptr: torch.Tensor  # [Hkv*R + 1] int32, host
+    kv_indptr: torch.Tensor  # [Hkv*R + 1] int32, host
+    kv_indices: torch.Tensor  # [nnz tokens] int32, device
+
+    @property
+    def num_segments(self) -> int:
+        return self.qo_indptr.numel() - 1
+
+    @property
+    def num_kv_tokens(self) -> int:
+        return int(self.kv_indptr[-1])
+
+
+@triton.jit
+def _expand_kernel(
+    locs_ptr, start_ptr, length_ptr, dest_ptr, head_ptr, out_ptr, num_kv_heads, BLOCK: tl.constexpr
+):
+    e = tl.program_id(0)
+    start = tl.load(start_ptr + e)
+    n = tl.load(length_ptr + e)
+    dest = tl.load(dest_ptr + e)
+    head = tl.load(head_ptr + e)
+    t = tl.arange(0, BLOCK)
+    live = t < n
+    loc = tl.load(locs_ptr + start + t, mask=live, other=0)
+    tl.store(out_ptr + dest + t, (loc * num_kv_heads + head).to(tl.int32), mask=live)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockRuns:
+    """Kept blocks, in plan order: the tokens locs[start[e] : start[e]+length[e]] of KV head head[e]
+    are written as page indices loc*num_kv_heads + head[e] to out[dest[e] : dest[e]+length[e]]."""
+
+    locs: torch.Tensor
+    start: torch.Tensor
+    length: torch.Tensor
+    dest: torch.Tensor
+    head: torch.Tensor
+    num_kv_heads: int
+    total: int
+    block_size: int
+
+
+def expand_blocks_triton(runs: BlockRuns) -> torch.Tensor:
+    out = torch.empty(runs.total, dtype=torch.int32, device=runs.locs.device)
+    if runs.start.numel():
+        _expand_kernel[(runs.start.numel(),)](
+            runs.locs,
+            runs.start,
+            runs.length,
+            runs.dest,
+            runs.head,
+            out,
+            runs.num_kv_heads,
+            BLOCK=runs.block_size,
+        )
+    return out
+
+
+def expand_blocks_reference(runs: BlockRuns) -> torch.Tensor:
+    length, total = runs.length.long(), runs.total  # the blocks are written back to back, in order
+    within = torch.arange(total, device=runs.locs.device) - torch.repeat_interleave(
+        torch.cumsum(length, 0) - length, length, output_size=total
+    )
+    pos = torch.repeat_interleave(runs.start, length, output_size=total) + within
+    heads = torch.repeat_interleave(runs.head, length, output_size=total)
+    return (runs.locs[pos] * runs.num_kv_heads + heads).to(torch.int32)
+
+
+def build_plan_indices(mask: torch.Tensor, layout: BlockLayout, locs: torch.Tensor) -> PlanIndices:
+    """Indices for `BlockSparsePrefill.plan` from a kept-block mask [Hkv, R, C] and the context's KV slots."""
+    num_kv_heads, num_rows, _ = mask.shape
+    head, row, col = mask.nonzero(as_tuple=True)  # sorted by (head, row, col): the plan's order
+    key = layout.req_key_offset[layout.row_req[row].long()].long() + col
+    length = layout.key_len[key].long()
+    counts = torch.zeros(num_kv_heads * num_rows, dtype=torch.int64, device=mask.device)
+    counts.index_add_(0, head * num_rows + row, length)
+    kv_indptr = torch.zeros(counts.numel() + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(counts, 0).cpu()
+    total = int(kv_indptr[-1])
+    expand = expand_blocks_triton if triton_enabled(mask) else expand_blocks_reference
+    runs = BlockRuns(
+        locs,
+        layout.key_tok_start[key],
+        length,
+        torch.cumsum(length, 0) - length,
+        head,
+        num_kv_heads,
+        total,
+        layout.block_size,
+    )
+    kv_indices = expand(runs)
+    n = layout.num_tokens
+    starts = layout.row_q_start_host.long()
+    qo = torch.cat([h * n + starts for h in range(num_kv_heads)] + [torch.tensor([num_kv_heads * n])])
+    return PlanIndices(qo.to(torch.int32), kv_indptr, kv_indices)

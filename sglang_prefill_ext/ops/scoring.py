@@ -1,0 +1,158 @@
+"""Block selection from pooled Q/K: which key blocks each query block keeps, per KV head.
+
+Score of query block r and key block c for query head g: s = sm_scale * mean(q_r) . mean(k_c), which
+is exactly the mean logit over the block pair. For KV head h the block is kept when any query head of
+h's group has s >= max_c'(s) + log(threshold) (the estimated attention weight is at least `threshold`
+of the row's best), or a structural rule holds (sink, local window incl. the diagonal, last rows);
+only causal blocks (c <= the row's own block) are ever kept. Output: bool [Hkv, R, max_key_blocks].
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import triton_enabled
+from .layout import BlockLayout
+from .settings import SparseSettings
+
+_FINITE_FLOOR = -1.0e30
+
+
+@triton.jit
+def _scores(q, kpool_ptr, key_offset, cols, num_cols, num_kv_heads, head, HEAD_DIM: tl.constexpr):
+    """Scaled pooled scores [GROUP_PAD, BLOCK_C] of the row's query heads against key blocks `cols`."""
+    c_live = cols < num_cols
+    dims = tl.arange(0, HEAD_DIM)
+    k_rows = (key_offset + cols) * num_kv_heads + head
+    k = tl.load(kpool_ptr + k_rows[:, None] * HEAD_DIM + dims[None, :], mask=c_live[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    return tl.where(c_live[None, :], s, float("-inf"))
+
+
+@triton.jit
+def _select_kernel(
+    qpool_ptr,
+    kpool_ptr,
+    row_req_ptr,
+    row_block_ptr,
+    key_offset_ptr,
+    num_keys_ptr,
+    out_ptr,
+    num_rows,
+    max_cols,
+    num_qo_heads,
+    num_kv_heads,
+    group,
+    sm_scale,
+    log_threshold,
+    sink_blocks,
+    local_blocks,
+    last_blocks,
+    HEAD_DIM: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    req = tl.load(row_req_ptr + row)
+    diag = tl.load(row_block_ptr + row)
+    key_offset = tl.load(key_offset_ptr + req).to(tl.int64)
+    num_keys = tl.load(num_keys_ptr + req)
+    dims = tl.arange(0, HEAD_DIM)
+    g = tl.arange(0, GROUP_PAD)
+    g_live = g < group
+    q_rows = row.to(tl.int64) * num_qo_heads + head * group + g
+    q = tl.load(qpool_ptr + q_rows[:, None] * HEAD_DIM + dims[None, :], mask=g_live[:, None], other=0.0)
+    q = q * sm_scale
+    num_cols = diag + 1
+    best = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    for c0 in range(0, num_cols, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        s = _scores(q, kpool_ptr, key_offset, cols, num_cols, num_kv_heads, head, HEAD_DIM)
+        best = tl.maximum(best, tl.max(s, axis=1))
+    dense_row = diag >= num_keys - last_blocks
+    out_row = out_ptr + (head.to(tl.int64) * num_rows + row) * max_cols
+    for c0 in range(0, num_cols, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        c_live = cols < num_cols
+        s = _scores(q, kpool_ptr, key_offset, cols, num_cols, num_kv_heads, head, HEAD_DIM)
+        passed = ((s - best[:, None]) >= log_threshold) & g_live[:, None]
+        keep = tl.max(passed.to(tl.int32), axis=0) > 0
+        keep = keep | (cols < sink_blocks) | (cols > diag - local_blocks) | (cols == diag) | dense_row
+        tl.store(out_row + cols, (keep & c_live).to(tl.int8), mask=c_live)
+
+
+def select_blocks_triton(
+    qpool: torch.Tensor, kpool: torch.Tensor, layout: BlockLayout, settings: SparseSettings, sm_scale: float
+) -> torch.Tensor:
+    num_rows, num_qo_heads, head_dim = qpool.shape
+    num_kv_heads = kpool.shape[1]
+    group = num_qo_heads // num_kv_heads
+    out = torch.zeros(num_kv_heads, num_rows, layout.max_key_blocks, dtype=torch.int8, device=qpool.device)
+    if num_rows == 0:
+        return out.bool()
+    _select_kernel[(num_rows, num_kv_heads)](
+        qpool.contiguous(),
+        kpool.contiguous(),
+        layout.row_req,
+        layout.row_block,
+        layout.req_key_offset,
+        layout.req_num_key_blocks,
+        out,
+        num_rows,
+        layout.max_key_blocks,
+        num_qo_heads,
+        num_kv_heads,
+        group,
+        sm_scale,
+        max(settings.log_threshold, _FINITE_FLOOR),
+        settings.sink_blocks,
+        settings.local_blocks,
+        settings.last_blocks,
+        HEAD_DIM=head_dim,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        BLOCK_C=64,
+    )
+    return out.bool()
+
+
+def block_scores_reference(
+    qpool: torch.Tensor, kpool: torch.Tensor, layout: BlockLayout, sm_scale: float
+) -> torch.Tensor:
+    """Pooled scores s [Hq, R, max_key_blocks], -inf outside each row's causal blocks."""
+    num_rows, num_qo_heads, _ = qpool.shape
+    num_kv_heads = kpool.shape[1]
+    group = num_qo_heads // num_kv_heads
+    cols = torch.arange(layout.max_key_blocks, device=qpool.device)
+    idx = (layout.req_key_offset[layout.row_req.long()].long()[:, None] + cols).clamp(max=kpool.shape[0] - 1)
+    k = kpool[idx].repeat_interleave(group, dim=2)  # [R, C, Hq, D]
+    s = torch.einsum("rhd,rchd->hrc", qpool.float() * sm_scale, k.float())
+    causal = cols[None, :] <= layout.row_block.long()[:, None]
+    return s.masked_fill(~causal, float("-inf"))
+
+
+def select_blocks_reference(
+    qpool: torch.Tensor, kpool: torch.Tensor, layout: BlockLayout, settings: SparseSettings, sm_scale: float
+) -> torch.Tensor:
+    num_kv_heads = kpool.shape[1]
+    s = block_scores_reference(qpool, kpool, layout, sm_scale)
+    num_qo_heads, num_rows, num_cols = s.shape
+    causal = torch.isfinite(s[0])
+    best = s.amax(-1, keepdim=True)
+    passed = ((s - best) >= settings.log_threshold).view(num_kv_heads, -1, num_rows, num_cols).any(1)
+    cols = torch.arange(num_cols, device=s.device)[None, :]
+    diag = layout.row_block.long()[:, None]
+    last = layout.req_num_key_blocks[layout.row_req.long()].long()[:, None] - settings.last_blocks
+    structural = (cols < settings.sink_blocks) | (cols > diag - settings.local_blocks) | (cols == diag)
+    structural = structural | (diag >= last)
+    return (passed | structural[None]) & causal[None]
+
+
+def select_blocks(
+    qpool: torch.Tensor, kpool: torch.Tensor, layout: BlockLayout, settings: SparseSettings, sm_scale: float
+) -> torch.Tensor:
+    """Kept blocks, bool [Hkv, R, max_key_blocks] (see the module's docstring)."""
+    impl = select_blocks_triton if triton_enabled(qpool) else select_blocks_reference
+    return impl(qpool, kpool, layout, settings, sm_scale)

@@ -1,0 +1,93 @@
+"""One extend batch's sparse attention: select blocks, plan, run — per forward or per layer.
+
+`begin` takes the batch's layout and KV slots once per forward. `forward` of a layer pools that
+layer's queries and keys (reading cached prefix blocks' summaries instead of their keys), selects
+the kept blocks, plans FlashInfer and runs; with `replan=False` a later layer reuses the plan and
+only runs the attention (one selection and one plan per forward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import BlockSparsePrefill
+from .layout import BlockLayout
+from .plan import build_plan_indices
+from .pooling import key_segments, pool_keys, pool_queries
+from .scoring import select_blocks
+from .settings import SparseSettings
+from .summaries import KeySummaryCache
+
+
+class SparsePrefill:
+    def __init__(
+        self,
+        settings: SparseSettings,
+        attention: BlockSparsePrefill,
+        summaries: KeySummaryCache | None = None,
+    ) -> None:
+        self.settings = settings
+        self.attention = attention
+        self.summaries = summaries
+        self._layout: BlockLayout | None = None
+        self._locs = torch.empty(0, dtype=torch.int64)
+        self._new_slots: torch.Tensor | None = None
+        self.planned = False
+        self.mask: torch.Tensor | None = None
+
+    def begin(self, layout: BlockLayout, locs: torch.Tensor) -> None:
+        """Start a forward over `layout`, whose context positions live in KV slots `locs`."""
+        self._layout = layout
+        self._locs = locs
+        self._new_slots = None
+        self.planned = False
+        self.mask = None
+
+    @property
+    def layout(self) -> BlockLayout:
+        assert self._layout is not None, "begin() first"
+        return self._layout
+
+    def select(
+        self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float, summary_layer: int | None
+    ) -> torch.Tensor:
+        """Kept blocks [Hkv, R, C] from this layer's queries [N, Hq, D] and KV pool keys."""
+        layout = self.layout
+        slots = cache = None
+        use_summaries = self.summaries is not None and summary_layer is not None
+        if use_summaries:
+            head_locs = self._locs[layout.key_tok_start]
+            slots = torch.where(layout.key_cached, self.summaries.lookup(head_locs), -1)
+            cache = self.summaries.read(summary_layer)
+        kpool = pool_keys(k_buffer, key_segments(layout, self._locs, slots, cache))
+        if use_summaries and layout.completed_keys.numel():
+            if self._new_slots is None:
+                self._new_slots = self.summaries.allocate(
+                    self._locs[layout.key_tok_start[layout.completed_keys]]
+                )
+            self.summaries.write(summary_layer, self._new_slots, kpool[layout.completed_keys])
+        return select_blocks(pool_queries(q, layout), kpool, layout, self.settings, sm_scale)
+
+    def plan(
+        self, mask: torch.Tensor, q: torch.Tensor, sm_scale: float, logits_soft_cap: float = 0.0
+    ) -> None:
+        num_kv_heads, _, _ = mask.shape
+        indices = build_plan_indices(mask, self.layout, self._locs)
+        self.attention.plan(indices, q.shape[1], num_kv_heads, q.shape[2], q.dtype, sm_scale, logits_soft_cap)
+        self.mask = mask
+        self.planned = True
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        sm_scale: float,
+        replan: bool,
+        summary_layer: int | None = None,
+        logits_soft_cap: float = 0.0,
+    ) -> torch.Tensor:
+        """Attention of q [N, Hq, D] over the batch's context in the KV pool; [N, Hq, D]."""
+        if replan or not self.planned:
+            self.plan(self.select(q, k_buffer, sm_scale, summary_layer), q, sm_scale, logits_soft_cap)
+        return self.attention.run(q, k_buffer, v_buffer)

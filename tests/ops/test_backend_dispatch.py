@@ -1,0 +1,87 @@
+"""Which batches and layers the 0.5.17 backend sends down the sparse path (no GPU, no model)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.layers.attention.flashinfer_backend")
+
+from sglang.srt.layers.radix_attention import AttentionType  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+from sglang_prefill_ext.adapters.v0_5_17.attention import SparsePrefillFlashInferBackend  # noqa: E402
+from sglang_prefill_ext.config import PrefillExtConfig  # noqa: E402
+from sglang_prefill_ext.ops import BlockLayout  # noqa: E402
+
+
+def _backend(**options) -> SparsePrefillFlashInferBackend:
+    backend = SparsePrefillFlashInferBackend.__new__(SparsePrefillFlashInferBackend)
+    backend.ext_config = PrefillExtConfig.from_options({"sparse": True, "sparse_min_len": 1000, **options})
+    backend.dispatch_reason = None
+    backend.enable_mis = False
+    backend.prefill_uses_dequant_workspace = False
+    backend.flashinfer_kv_cache_dtype = torch.bfloat16
+    backend._first_sparse_layer = backend.ext_config.sparse_dense_layers
+    backend._sparse_batch = None
+    return backend
+
+
+def _batch(mode: ForwardMode = ForwardMode.EXTEND, seq_lens: tuple[int, ...] = (1200, 40)):
+    return types.SimpleNamespace(
+        forward_mode=mode,
+        extend_prefix_lens_cpu=[0] * len(seq_lens),
+        seq_lens_cpu=torch.tensor(seq_lens),
+    )
+
+
+def _layer(layer_id: int, **overrides):
+    fields = dict(
+        layer_id=layer_id, is_cross_attention=False, attn_type=AttentionType.DECODER, sliding_window_size=-1
+    )
+    return types.SimpleNamespace(**{**fields, **overrides})
+
+
+def test_only_long_plain_extend_batches_go_sparse() -> None:
+    backend = _backend()
+    assert backend.wants_eager_prefill(_batch())
+    assert backend.wants_eager_prefill(_batch(ForwardMode.MIXED))
+    assert not backend.wants_eager_prefill(_batch(seq_lens=(999, 40)))
+    for mode in (
+        ForwardMode.DECODE,
+        ForwardMode.TARGET_VERIFY,
+        ForwardMode.DRAFT_EXTEND_V2,
+        ForwardMode.IDLE,
+    ):
+        assert not backend.wants_eager_prefill(_batch(mode))
+    assert not _backend(sparse=False).wants_eager_prefill(_batch())
+
+
+def test_unsupported_models_and_caches_stay_stock() -> None:
+    for attr, value in (
+        ("dispatch_reason", "sliding"),
+        ("enable_mis", True),
+        ("flashinfer_kv_cache_dtype", torch.float8_e4m3fn),
+    ):
+        backend = _backend()
+        setattr(backend, attr, value)
+        assert not backend.wants_eager_prefill(_batch())
+
+
+def test_dense_layers_other_batches_and_special_layers_run_stock() -> None:
+    backend = _backend(sparse_dense_layers=2)
+    batch = _batch()
+    layout = BlockLayout.build([0, 0], [1200, 40], 128)
+    backend.sparse = types.SimpleNamespace(layout=layout)
+    backend._sparse_batch = batch
+    q, k = torch.empty(1240, 4), torch.empty(1240, 4)
+    assert backend._runs_sparse(q, k, _layer(2), batch)
+    assert not backend._runs_sparse(q, k, _layer(1), batch)
+    assert not backend._runs_sparse(q, k, _layer(2), _batch())  # e.g. a graph replay's static batch
+    assert not backend._runs_sparse(torch.empty(2048, 4), k, _layer(2), batch)  # padded tokens
+    assert not backend._runs_sparse(q, None, _layer(2), batch)
+    assert not backend._runs_sparse(q, k, _layer(3, is_cross_attention=True), batch)
+    assert not backend._runs_sparse(q, k, _layer(3, attn_type=AttentionType.ENCODER_ONLY), batch)
+    assert not backend._runs_sparse(q, k, _layer(3, sliding_window_size=4096), batch)

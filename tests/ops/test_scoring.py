@@ -1,0 +1,93 @@
+"""Block selection: Triton kernel vs torch reference, the structural rules, planted needles, GQA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_prefill_ext.ops.layout import BlockLayout
+from sglang_prefill_ext.ops.scoring import (
+    block_scores_reference,
+    select_blocks_reference,
+    select_blocks_triton,
+)
+from sglang_prefill_ext.ops.settings import SparseSettings
+
+BLOCK = 16
+
+
+def _pooled(heads: tuple[int, int], head_dim: int, prefix: list[int], extend: list[int], seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    layout = BlockLayout.build(prefix, extend, BLOCK)
+    qpool = torch.randn(layout.num_rows, heads[0], head_dim, generator=gen)
+    kpool = torch.randn(layout.num_key_blocks, heads[1], head_dim, generator=gen)
+    return layout, qpool, kpool
+
+
+def _assert_same_up_to_ties(got: torch.Tensor, want: torch.Tensor, margin: torch.Tensor) -> None:
+    """Masks agree except where a score sits within float rounding of the threshold."""
+    differ = got != want
+    assert bool((margin[differ] < 1e-4).all()), (
+        f"{int(differ.sum())} decisions differ away from the threshold"
+    )
+
+
+@pytest.mark.parametrize(("heads", "head_dim"), [((8, 2), 64), ((7, 1), 32), ((4, 4), 128)])
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.9, 1.0])
+def test_triton_selection_matches_reference(heads: tuple[int, int], head_dim: int, threshold: float) -> None:
+    layout, qpool, kpool = _pooled(heads, head_dim, [0, 37, 200], [90, 29, 40])
+    settings = SparseSettings(
+        block_size=BLOCK, threshold=threshold, sink_blocks=1, local_blocks=2, last_blocks=1
+    )
+    got = select_blocks_triton(qpool, kpool, layout, settings, 0.3)
+    want = select_blocks_reference(qpool, kpool, layout, settings, 0.3)
+    s = block_scores_reference(qpool, kpool, layout, 0.3)
+    gap = (s - s.amax(-1, keepdim=True) - settings.log_threshold).abs()
+    margin = gap.view(heads[1], -1, *gap.shape[1:]).amin(1).nan_to_num(1.0)
+    _assert_same_up_to_ties(got, want, margin)
+
+
+def test_threshold_zero_keeps_every_causal_block_and_nothing_after_the_diagonal() -> None:
+    layout, qpool, kpool = _pooled((4, 2), 32, [40], [100])
+    mask = select_blocks_reference(qpool, kpool, layout, SparseSettings(block_size=BLOCK, threshold=0.0), 1.0)
+    causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
+    assert torch.equal(mask, causal[None].expand_as(mask))
+
+
+def test_structural_blocks_are_kept_whatever_the_scores() -> None:
+    layout, qpool, kpool = _pooled((4, 2), 32, [0], [16 * 20])
+    settings = SparseSettings(block_size=BLOCK, threshold=1.0, sink_blocks=2, local_blocks=3, last_blocks=2)
+    mask = select_blocks_triton(
+        qpool, kpool * 0, layout, settings, 1.0
+    )  # all scores tie: only the best passes
+    for r in range(layout.num_rows):
+        i = int(layout.row_block[r])
+        kept = set(mask[0, r].nonzero().flatten().tolist())
+        structural = {c for c in range(i + 1) if c < 2 or c > i - 3} if i < 18 else set(range(i + 1))
+        assert structural <= kept
+        assert max(kept) == i
+
+
+def test_relative_threshold_keeps_exactly_the_blocks_near_the_best() -> None:
+    layout = BlockLayout.build([0], [16 * 8], BLOCK)
+    settings = SparseSettings(block_size=BLOCK, threshold=0.5, sink_blocks=0, local_blocks=0, last_blocks=0)
+    qpool = torch.zeros(layout.num_rows, 1, 16)
+    qpool[:, 0, 0] = 1.0
+    kpool = torch.zeros(layout.num_key_blocks, 1, 16)
+    kpool[:, 0, 0] = torch.tensor([3.0, 0.0, 2.5, 2.0, 0.0, 3.0, 0.0, 0.0])  # log(0.5) = -0.69
+    mask = select_blocks_triton(qpool, kpool, layout, settings, 1.0)
+    assert mask[0, 7].nonzero().flatten().tolist() == [0, 2, 5, 7]
+    assert mask[0, 3].nonzero().flatten().tolist() == [0, 2, 3]
+
+
+@pytest.mark.parametrize("impl", [select_blocks_triton, select_blocks_reference])
+def test_needle_in_one_query_head_is_kept_for_its_kv_head(impl) -> None:
+    layout, qpool, kpool = _pooled((8, 2), 64, [16 * 30], [16 * 10], seed=3)
+    needle = torch.randn(64)
+    needle = 4.0 * needle / needle.norm()
+    row, key_block, q_head = 6, 11, 5  # query head 5 belongs to KV head 1
+    qpool[row, q_head] += needle
+    kpool[key_block, 1] += needle
+    mask = impl(qpool, kpool, layout, SparseSettings(block_size=BLOCK), 64**-0.5)
+    assert bool(mask[1, row, key_block])
+    assert float(mask[:, :, : layout.max_key_blocks].float().mean()) < 0.9

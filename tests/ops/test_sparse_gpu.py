@@ -1,0 +1,152 @@
+"""On the GPU: FlashInfer block-sparse prefill against an fp32 SDPA reference, and planted needles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kvpool import make_pool, request_kv
+
+from sglang_prefill_ext.ops import (
+    BlockLayout,
+    BlockSparsePrefill,
+    KeySummaryCache,
+    SparsePrefill,
+    SparseSettings,
+)
+from sglang_prefill_ext.ops.layout import context_locs
+from sglang_prefill_ext.ops.pooling import (
+    key_segments,
+    pool_keys,
+    pool_queries,
+    query_segments,
+    segment_mean_reference,
+)
+from sglang_prefill_ext.ops.scoring import select_blocks_reference
+
+pytestmark = pytest.mark.gpu
+DEVICE = "cuda"
+
+
+def _sparse(settings: SparseSettings, summaries: KeySummaryCache | None = None) -> SparsePrefill:
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
+    return SparsePrefill(settings, BlockSparsePrefill(workspace), summaries)
+
+
+def _sdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """fp32 SDPA of q [n, Hq, D], the last n positions, over k/v [L, Hkv, D], causal."""
+    n, ctx = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    mask = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1),
+        k.float().repeat_interleave(group, 1).transpose(0, 1),
+        v.float().repeat_interleave(group, 1).transpose(0, 1),
+        attn_mask=mask,
+    )
+    return out.transpose(0, 1)
+
+
+def _run_chunk(
+    sparse: SparsePrefill, pool, prefix: list[int], extend: list[int], q: torch.Tensor
+) -> torch.Tensor:
+    layout = BlockLayout.build(prefix, extend, sparse.settings.block_size, DEVICE)
+    sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
+    return sparse.forward(q, pool.k, pool.v, q.shape[-1] ** -0.5, replan=True, summary_layer=0)
+
+
+SCENARIOS = {
+    "ragged": ([0, 0, 0], [1000, 300, 2500]),
+    "cached_prefix": ([3000, 517, 0], [700, 1200, 64]),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("head_dim", [128, 64])
+@pytest.mark.parametrize("heads", [(32, 8), (28, 4)])
+def test_all_blocks_kept_equals_fp32_sdpa(
+    scenario: str, page: int, head_dim: int, heads: tuple[int, int]
+) -> None:
+    prefix, extend = SCENARIOS[scenario]
+    ctx = [p + n for p, n in zip(prefix, extend, strict=True)]
+    pool = make_pool(ctx, page, heads[1], head_dim, device=DEVICE)
+    q = torch.randn(sum(extend), heads[0], head_dim, device=DEVICE).bfloat16()
+    out = _run_chunk(_sparse(SparseSettings(threshold=0.0)), pool, prefix, extend, q)
+    offset = 0
+    for b, (p, n) in enumerate(zip(prefix, extend, strict=True)):
+        k, v = request_kv(pool, b, p + n)
+        want = _sdpa_reference(q[offset : offset + n], k, v)
+        torch.testing.assert_close(out[offset : offset + n].float(), want, atol=5e-3, rtol=2e-2)
+        offset += n
+
+
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize(("heads", "head_dim"), [((32, 8), 128), ((28, 4), 64)])
+def test_chunked_prefill_with_summaries_equals_fp32_sdpa(
+    page: int, heads: tuple[int, int], head_dim: int
+) -> None:
+    total, chunk = 5000, 1500  # chunks start mid-block
+    pool = make_pool([total], page, heads[1], head_dim, device=DEVICE)
+    summaries = KeySummaryCache(pool.k.shape[0], 1, heads[1], head_dim, 128, DEVICE)
+    sparse = _sparse(SparseSettings(threshold=0.0), summaries)
+    q = torch.randn(total, heads[0], head_dim, device=DEVICE).bfloat16()
+    k, v = request_kv(pool, 0, total)
+    for start in range(0, total, chunk):
+        n = min(chunk, total - start)
+        out = _run_chunk(sparse, pool, [start], [n], q[start : start + n])
+        want = _sdpa_reference(q[start : start + n], k[: start + n], v[: start + n])
+        torch.testing.assert_close(out.float(), want, atol=5e-3, rtol=2e-2)
+    assert int(summaries.num_free) == summaries.capacity - total // 128
+
+
+def _plant_needles(q: torch.Tensor, pool, num: int, seed: int) -> list[tuple[int, int, int]]:
+    """Add a shared direction to one query head's block and one key block: (kv head, q block, k block)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = q.shape[0] // 128
+    group = q.shape[1] // pool.k.shape[1]
+    needles = []
+    for _ in range(num):
+        qb = int(torch.randint(8, num_blocks, (1,), generator=gen))
+        kb = int(torch.randint(1, qb - 4, (1,), generator=gen))
+        qh = int(torch.randint(0, q.shape[1], (1,), generator=gen))
+        u = torch.randn(q.shape[-1], generator=gen).to(DEVICE)
+        u = 8.0 * u / u.norm()
+        q[qb * 128 : (qb + 1) * 128, qh] += u.to(q.dtype)
+        locs = pool.req_to_token[pool.req_pool_indices[0], kb * 128 : (kb + 1) * 128].long()
+        pool.k[locs, qh // group] += u.to(pool.k.dtype)
+        needles.append((qh // group, qb, kb))
+    return needles
+
+
+@pytest.mark.parametrize(("heads", "head_dim"), [((32, 8), 128), ((28, 4), 64)])
+def test_planted_needles_are_always_selected_at_default_settings(
+    heads: tuple[int, int], head_dim: int
+) -> None:
+    total = 16384
+    pool = make_pool([total], 1, heads[1], head_dim, device=DEVICE)
+    q = torch.randn(total, heads[0], head_dim, device=DEVICE).bfloat16()
+    needles = _plant_needles(q, pool, 24, seed=7)
+    sparse = _sparse(SparseSettings())
+    layout = BlockLayout.build([0], [total], 128, DEVICE)
+    sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
+    mask = sparse.select(q, pool.k, head_dim**-0.5, summary_layer=None)
+    missed = [n for n in needles if not bool(mask[n])]
+    assert not missed, f"needles not selected: {missed}"
+
+
+def test_triton_pooling_and_selection_match_torch_on_gpu() -> None:
+    prefix, extend = [2000, 0], [900, 3000]
+    pool = make_pool([p + n for p, n in zip(prefix, extend, strict=True)], 16, 8, 128, device=DEVICE)
+    layout = BlockLayout.build(prefix, extend, 128, DEVICE)
+    locs = context_locs(layout, pool.req_to_token, pool.req_pool_indices)
+    q = torch.randn(layout.num_tokens, 32, 128, device=DEVICE).bfloat16()
+    qpool, kpool = pool_queries(q, layout), pool_keys(pool.k, key_segments(layout, locs))
+    torch.testing.assert_close(qpool, segment_mean_reference(q, query_segments(layout)))
+    torch.testing.assert_close(kpool, segment_mean_reference(pool.k, key_segments(layout, locs)))
+    settings = SparseSettings(threshold=0.5)
+    sparse = _sparse(settings)
+    sparse.begin(layout, locs)
+    got = sparse.select(q, pool.k, 0.5, summary_layer=None)
+    want = select_blocks_reference(qpool, kpool, layout, settings, 0.5)
+    assert float((got != want).float().mean()) < 1e-3
