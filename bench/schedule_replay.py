@@ -31,11 +31,13 @@ from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.constrained.grammar_manager import GrammarManager
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import CacheAwarePolicy, SchedulePolicy
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.allocator import (
     PagedTokenToKVPoolAllocator,
@@ -495,17 +497,55 @@ def mode_name(config: ReplayConfig) -> str:
     return f"{'ext' if config.ext else 'stock'}-{config.schedule_policy}"
 
 
-def lpm_step_cost(waiting: int, length: int, config: ReplayConfig, repeats: int = 3) -> float:
-    """CPU seconds of one scheduling pass with `waiting` distinct `length`-token prompts queued."""
+def long_queue(waiting: int, length: int, docs: int, seed: int = 4) -> tuple[list[TraceReq], list[TraceReq]]:
+    """(`docs` short requests that cache a document each, `waiting` prompts = a document + own tokens)."""
+    rng = np.random.default_rng(seed)
+    doc_len = length // 2
+    texts = rng.integers(1000, VOCAB, size=(docs, doc_len)).tolist()
+    warm = [TraceReq(f"w{d}", tuple(texts[d] + [OUTPUT_TOKEN])) for d in range(docs)]
+    own = rng.integers(1000, VOCAB, size=(waiting, length - doc_len)).tolist()
+    queue = [TraceReq(f"q{i}", tuple(texts[i % docs] + own[i])) for i in range(waiting)]
+    return warm, queue
+
+
+@dataclasses.dataclass
+class StepCost:
+    mode: str
+    waiting: int
+    first_ms: float
+    next_ms: float
+
+
+def lpm_step_cost(queue_len: int, length: int, config: ReplayConfig, docs: int = 16) -> StepCost:
+    """CPU time of the first scheduling pass over a long queue (every request new) and of the next one."""
+    warm, queue = long_queue(queue_len, length, docs)
     replay = ReplayScheduler(config)
-    replay.scheduler.chunked_prefill_size = 1  # admit nothing: measure ordering + the loop's first probe
-    for t in unique(waiting, length):
+    for _ in drive(replay, warm):
+        pass
+    for t in queue:
         replay.add(t)
+    replay.step()
+    replay.step()
+    first, second = replay.steps[-2:]
+    return StepCost(mode_name(config), queue_len, 1e3 * first.cpu_s, 1e3 * second.cpu_s)
+
+
+def stock_lpm_uncut_cost(queue_len: int, length: int, config: ReplayConfig, docs: int = 16) -> StepCost:
+    """Stock LPM's own ordering (`_compute_prefix_matches` + `_sort_by_longest_prefix`) past its
+    128-request cutoff, i.e. what `calc_priority` would cost if it did not fall back to FCFS."""
+    warm, queue = long_queue(queue_len, length, docs)
+    replay = ReplayScheduler(config)
+    for _ in drive(replay, warm):
+        pass
+    reqs = [replay.add(t) for t in queue]
+    policy = replay.scheduler.policy
     costs = []
-    for _ in range(repeats):
-        replay.step()
-        costs.append(replay.steps[-1].cpu_s)
-    return min(costs)
+    for _ in range(2):
+        start = time.process_time()
+        deprioritized = policy._compute_prefix_matches(reqs, CacheAwarePolicy.LPM)
+        SchedulePolicy._sort_by_longest_prefix(reqs, deprioritized)
+        costs.append(1e3 * (time.process_time() - start))
+    return StepCost("stock-lpm, no cutoff (ordering only)", queue_len, *costs)
 
 
 def markdown(results: list[ReplayResult]) -> str:
@@ -559,12 +599,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(markdown(results))
     if args.lpm_waiting:
-        print(f"\nOne scheduling pass with {args.lpm_waiting} waiting x {args.lpm_length} tokens (CPU ms):\n")
-        print("| mode | CPU ms / pass |\n|---|---:|")
-        for ext in (False, True):
-            config = ReplayConfig(ext=ext, page_size=args.page_size, schedule_policy="lpm")
-            cost = lpm_step_cost(args.lpm_waiting, args.lpm_length, config)
-            print(f"| {mode_name(config)} | {1e3 * cost:.2f} |")
+        print(
+            f"\nScheduling-pass CPU time, queue of N x {args.lpm_length}-token prompts (half a cached document each):\n"
+        )
+        print("| mode | N waiting | first pass ms | next pass ms |\n|---|---:|---:|---:|")
+        rows = []
+        for waiting in sorted({128, args.lpm_waiting}):
+            for ext in (False, True):
+                config = ReplayConfig(ext=ext, page_size=args.page_size, schedule_policy="lpm")
+                rows.append(lpm_step_cost(waiting, args.lpm_length, config))
+        config = ReplayConfig(ext=False, page_size=args.page_size, schedule_policy="lpm")
+        rows.append(stock_lpm_uncut_cost(args.lpm_waiting, args.lpm_length, config))
+        for row in rows:
+            print(f"| {row.mode} | {row.waiting} | {row.first_ms:.1f} | {row.next_ms:.1f} |")
     return 0
 
 

@@ -7,8 +7,16 @@ combines them into the calls a per-version scheduler adapter makes once per pass
 
 from __future__ import annotations
 
-from sglang_prefill_ext.runner.inflight import Flight, InflightRegistry
+from sglang_prefill_ext.runner.inflight import Flight, InflightRegistry, Position
 from sglang_prefill_ext.runner.runner import PrefillRunner, RunnerCounters
 from sglang_prefill_ext.runner.waiting import WaitState, lpm_aging_key
 
-__all__ = ["Flight", "InflightRegistry", "PrefillRunner", "RunnerCounters", "WaitState", "lpm_aging_key"]
+__all__ = [
+    "Flight",
+    "InflightRegistry",
+    "Position",
+    "PrefillRunner",
+    "RunnerCounters",
+    "WaitState",
+    "lpm_aging_key",
+]

@@ -19,6 +19,20 @@ FlightKey = tuple[Hashable, Hashable, int, bytes]
 
 
 @dataclasses.dataclass(frozen=True)
+class Position:
+    """A point in a prompt as the tree sees it: `tokens[:start]` matched, ending at node `anchor`."""
+
+    namespace: Hashable
+    anchor: Hashable
+    tokens: np.ndarray
+    start: int
+
+    def key(self, page_size: int) -> FlightKey:
+        page = self.tokens[self.start : self.start + page_size].tobytes()
+        return (self.namespace, self.anchor, self.start, page)
+
+
+@dataclasses.dataclass(frozen=True)
 class Flight:
     """`producer` computes tokens [start, end) (page-aligned) after `anchor`; `tokens` holds them."""
 
@@ -51,25 +65,15 @@ class InflightRegistry:
     def __iter__(self) -> Iterator[Flight]:
         return iter([flight for _, flight in self._by_producer.values()])
 
-    def _key(self, namespace: Hashable, anchor: Hashable, tokens: np.ndarray, start: int) -> FlightKey:
-        return (namespace, anchor, start, tokens[start : start + self.page_size].tobytes())
-
-    def add(
-        self,
-        producer: Hashable,
-        namespace: Hashable,
-        anchor: Hashable,
-        tokens: np.ndarray,
-        start: int,
-        end: int,
-    ) -> Flight | None:
-        """Record that `producer` computes `tokens[start:end]`; only whole pages from a page boundary."""
+    def add(self, producer: Hashable, at: Position, end: int) -> Flight | None:
+        """Record that `producer` computes `at.tokens[at.start:end]`; whole pages from a page boundary."""
         self.drop(producer)
-        end = min(end, len(tokens)) // self.page_size * self.page_size
+        start = at.start
+        end = min(end, len(at.tokens)) // self.page_size * self.page_size
         if start % self.page_size or end - start < self.page_size:
             return None
-        flight = Flight(producer, namespace, anchor, start, end, tokens[start:end].tobytes())
-        key = self._key(namespace, anchor, tokens, start)
+        flight = Flight(producer, at.namespace, at.anchor, start, end, at.tokens[start:end].tobytes())
+        key = at.key(self.page_size)
         self._by_key.setdefault(key, []).append(flight)
         self._by_producer[producer] = (key, flight)
         return flight
@@ -89,15 +93,14 @@ class InflightRegistry:
         entry = self._by_producer.get(producer)
         return entry[1] if entry is not None else None
 
-    def shared(
-        self, namespace: Hashable, anchor: Hashable, tokens: np.ndarray, start: int
-    ) -> tuple[Flight, int] | None:
-        """The flight covering the most of `tokens[start:]` (whole pages, at least the minimum), or None."""
-        if start % self.page_size:
+    def shared(self, at: Position) -> tuple[Flight, int] | None:
+        """The flight covering the most of `at.tokens[at.start:]` (whole pages, at least the minimum)."""
+        if at.start % self.page_size:
             return None
-        flights = self._by_key.get(self._key(namespace, anchor, tokens, start))
+        flights = self._by_key.get(at.key(self.page_size))
         if not flights:
             return None
+        tokens, start = at.tokens, at.start
         best: tuple[Flight, int] | None = None
         for flight in flights:
             limit = min(flight.length, len(tokens) - start)

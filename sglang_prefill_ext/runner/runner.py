@@ -4,8 +4,8 @@ Each scheduling pass the adapter calls, in order:
 
 1. `begin_pass(waiting, landed)`: drops flights whose producer landed its pages in the tree (or
    stopped: finished, aborted, retracted), counts one more pass for every waiting request.
-2. `order(waiting, match)` (lpm-aging only): refreshes stale matches, sorts.
-3. for each candidate the scheduler would admit: `should_defer(item, key...)`: True while the next
+2. `order(waiting, stamp, match)` (lpm-aging only): refreshes stale matches, sorts.
+3. for each candidate the scheduler would admit: `should_defer(item, position)`: True while the next
    uncached pages of `item` are in flight (the scheduler skips it this pass).
 4. `track(producer, ...)` for every request admitted (including a continuing chunked one), right
    when it is admitted, so the next candidate of the same pass already sees it.
@@ -22,9 +22,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Hashable, MutableSequence, Sequence
 
-import numpy as np
-
-from sglang_prefill_ext.runner.inflight import Flight, InflightRegistry
+from sglang_prefill_ext.runner.inflight import Flight, InflightRegistry, Position
 from sglang_prefill_ext.runner.waiting import WaitState, lpm_aging_key
 
 
@@ -75,24 +73,29 @@ class PrefillRunner:
             state.passes += 1
 
     def order(
-        self, waiting: MutableSequence[Hashable], version: Hashable, match: Callable[[Hashable], int]
+        self,
+        waiting: MutableSequence[Hashable],
+        stamp: Callable[[Hashable], Hashable],
+        match: Callable[[Hashable], int],
     ) -> None:
-        """Sort `waiting` in place (lpm-aging); `match(item)` re-matches, only when the tree changed."""
+        """Sort `waiting` in place (lpm-aging).
+
+        `stamp(item)` changes whenever `item`'s match could have changed since it was taken (read
+        right after `match(item)`, which re-matches); items with an unchanged stamp are not re-matched.
+        """
         for item in waiting:
             state = self.state(item)
-            if state.version != version:
+            if state.version is None or state.version != stamp(item):
                 state.matched = match(item)
-                state.version = version
+                state.version = stamp(item)
         keys = {item: lpm_aging_key(self.state(item), self.max_wait_passes) for item in waiting}
         waiting.sort(key=keys.__getitem__)
 
-    def should_defer(
-        self, item: Hashable, namespace: Hashable, anchor: Hashable, tokens: np.ndarray, start: int
-    ) -> bool:
-        """True when `tokens[start:]` (item's first uncached pages) are being computed right now."""
+    def should_defer(self, item: Hashable, at: Position) -> bool:
+        """True when `item`'s first uncached pages (from `at`) are being computed right now."""
         if not self.dedup or not len(self.flights):
             return False
-        found = self.flights.shared(namespace, anchor, tokens, start)
+        found = self.flights.shared(at)
         if found is None:
             return False
         state = self.state(item)
@@ -104,18 +107,11 @@ class PrefillRunner:
         self.counters.deferrals += 1
         return True
 
-    def track(
-        self,
-        producer: Hashable,
-        namespace: Hashable,
-        anchor: Hashable,
-        tokens: np.ndarray,
-        start: int,
-        end: int,
-    ) -> Flight | None:
+    def track(self, producer: Hashable, at: Position, end: int) -> Flight | None:
+        """`producer` was admitted to compute its tokens from `at` to `end`."""
         if not self.dedup:
             return None
-        flight = self.flights.add(producer, namespace, anchor, tokens, start, end)
+        flight = self.flights.add(producer, at, end)
         if flight is not None:
             self.counters.flights += 1
         return flight

@@ -2,7 +2,8 @@
 
 LPM with aging: requests that have waited `max_wait_passes` passes or more come first, oldest
 first; the rest by longest cached prefix, ties by arrival. A request's match is refreshed only when
-the tree changed since its last match (`version`), so an idle queue costs O(1) per request.
+its stamp (`version`: what could change it, e.g. the children of the node its match ends at)
+changed, so a pass costs O(1) per request whose match cannot have grown.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sglang_prefill_ext.runner import Flight, PrefillRunner
+from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
 
 SHARED = np.arange(0, 512, dtype=np.int64)
 
@@ -21,14 +21,14 @@ def test_waiter_defers_until_the_flight_lands_then_proceeds() -> None:
         return flight.producer in landed
 
     runner.begin_pass(["a", "b"], has_landed)
-    assert not runner.should_defer("a", None, "root", prompt(0), 0)
-    runner.track("a", None, "root", prompt(0), 0, 544)
-    assert runner.should_defer("b", None, "root", prompt(1), 0)
+    assert not runner.should_defer("a", Position(None, "root", prompt(0), 0))
+    runner.track("a", Position(None, "root", prompt(0), 0), 544)
+    assert runner.should_defer("b", Position(None, "root", prompt(1), 0))
     runner.begin_pass(["b"], has_landed)  # a's batch has not landed yet (overlap)
-    assert runner.should_defer("b", None, "root", prompt(1), 0)
+    assert runner.should_defer("b", Position(None, "root", prompt(1), 0))
     landed.add("a")
     runner.begin_pass(["b"], has_landed)
-    assert not runner.should_defer("b", None, "root", prompt(1), 0)
+    assert not runner.should_defer("b", Position(None, "root", prompt(1), 0))
     assert runner.state("b").deduped_tokens == 512
     assert runner.counters.as_dict() | {"passes": 0} == {
         "passes": 0,
@@ -42,9 +42,9 @@ def test_waiter_defers_until_the_flight_lands_then_proceeds() -> None:
 def test_a_flight_that_never_lands_is_waited_on_a_bounded_number_of_passes() -> None:
     runner = PrefillRunner(page_size=1, max_dedup_passes=3)
     runner.begin_pass(["a", "b"], lambda flight: False)
-    runner.track("a", None, "root", prompt(0), 0, 544)
+    runner.track("a", Position(None, "root", prompt(0), 0), 544)
     deferred = 0
-    while runner.should_defer("b", None, "root", prompt(1), 0):
+    while runner.should_defer("b", Position(None, "root", prompt(1), 0)):
         deferred += 1
         runner.begin_pass(["b"], lambda flight: False)
     assert deferred == 3
@@ -54,8 +54,8 @@ def test_a_flight_that_never_lands_is_waited_on_a_bounded_number_of_passes() -> 
 def test_dedup_off_never_defers() -> None:
     runner = PrefillRunner(page_size=1, dedup=False)
     runner.begin_pass(["a", "b"], lambda flight: False)
-    runner.track("a", None, "root", prompt(0), 0, 544)
-    assert not runner.should_defer("b", None, "root", prompt(1), 0)
+    runner.track("a", Position(None, "root", prompt(0), 0), 544)
+    assert not runner.should_defer("b", Position(None, "root", prompt(1), 0))
 
 
 def test_lpm_aging_admits_a_starved_request_within_the_bound() -> None:
@@ -69,7 +69,7 @@ def test_lpm_aging_admits_a_starved_request_within_the_bound() -> None:
         matches[newcomer] = 1000
         waiting.append(newcomer)
         runner.begin_pass(waiting, lambda flight: False)
-        runner.order(waiting, version=step, match=matches.__getitem__)
+        runner.order(waiting, stamp=lambda item: 0, match=matches.__getitem__)
         admitted = waiting.pop(0)
         if admitted == "old":
             break
@@ -77,7 +77,7 @@ def test_lpm_aging_admits_a_starved_request_within_the_bound() -> None:
     assert step + 1 <= max_wait
 
 
-def test_lpm_aging_rematches_only_when_the_tree_changed() -> None:
+def test_lpm_aging_rematches_only_when_the_stamp_changed() -> None:
     runner = PrefillRunner(page_size=1)
     calls: list[str] = []
 
@@ -87,9 +87,11 @@ def test_lpm_aging_rematches_only_when_the_tree_changed() -> None:
 
     waiting = ["a", "b"]
     runner.begin_pass(waiting, lambda flight: False)
-    runner.order(waiting, version=1, match=match)
+    stamps = {"a": 1, "b": 1}
+    runner.order(waiting, stamp=stamps.__getitem__, match=match)
     assert waiting == ["b", "a"]
-    runner.order(waiting, version=1, match=match)
+    runner.order(waiting, stamp=stamps.__getitem__, match=match)
     assert calls == ["a", "b"]
-    runner.order(waiting, version=2, match=match)
-    assert calls == ["a", "b", "b", "a"]
+    stamps["a"] = 2
+    runner.order(waiting, stamp=stamps.__getitem__, match=match)
+    assert calls == ["a", "b", "a"]

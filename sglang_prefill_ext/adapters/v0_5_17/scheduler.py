@@ -20,8 +20,9 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import CacheAwarePolicy, PrefillAdder, match_prefix_for_req
 
 from sglang_prefill_ext.config import PrefillExtConfig
+from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.tokens import as_token_array
-from sglang_prefill_ext.runner import Flight, PrefillRunner
+from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_policy import SchedulePolicy
@@ -39,6 +40,12 @@ def landed(flight: Flight) -> bool:
         or req.is_retracted
         or (req.cache_protected_len or 0) >= flight.end
     )
+
+
+def position(req: Req, length: int) -> Position:
+    """Where `req`'s match ends (its first `length` tokens as a transient int64 view)."""
+    tokens = as_token_array(req.full_untruncated_fill_ids, length)
+    return Position(req.extra_key, req.last_node, tokens, len(req.prefix_indices))
 
 
 class PrefillExtScheduler:
@@ -71,12 +78,17 @@ class PrefillExtScheduler:
         if self.schedule == "stock":
             self.policy.calc_priority(waiting_queue, running_batch)
             return
-        tree = self.tree_cache.tree
-        version = (tree.epoch, tree.counters.inserted_tokens, tree.counters.evicted_tokens)
-        self.runner.order(waiting_queue, version, self._match)
+        self.runner.order(waiting_queue, self._stamp, self._match)
         if self.policy.enable_priority_scheduling:
             sign = self.policy.priority_sign
             waiting_queue.sort(key=lambda r: r.priority * sign)
+
+    def _stamp(self, req: Req) -> tuple[int, int, Node, bool, int]:
+        """Changes whenever `req`'s match may have: a match ending at node N grows only by a new child
+        of N (an insert), and shrinks only by eviction; a reset bumps the epoch."""
+        tree = self.tree_cache.tree
+        node = req.last_node
+        return (tree.epoch, tree.counters.evicted_tokens, node, node.alive, len(node.children))
 
     def _match(self, req: Req) -> int:
         match_prefix_for_req(self.tree_cache, req, include_req=True)
@@ -85,18 +97,14 @@ class PrefillExtScheduler:
     def defer(self, req: Req, adder: PrefillAdder) -> bool:
         """True when `req`'s next uncached pages are being computed by an admitted request."""
         self.admitted(adder)
-        tokens = as_token_array(req.full_untruncated_fill_ids, len(req.full_untruncated_fill_ids))
-        return self.runner.should_defer(req, req.extra_key, req.last_node, tokens, len(req.prefix_indices))
+        return self.runner.should_defer(req, position(req, len(req.full_untruncated_fill_ids)))
 
     def admitted(self, adder: PrefillAdder) -> None:
         """Track the requests `adder` admitted since the last call, each as one flight."""
         if adder is not self._adder:
             self._adder, self._tracked = adder, 0
         for req in adder.can_run_list[self._tracked :]:
-            tokens = as_token_array(req.full_untruncated_fill_ids, req.extend_range.end)
-            self.runner.track(
-                req, req.extra_key, req.last_node, tokens, len(req.prefix_indices), req.extend_range.end
-            )
+            self.runner.track(req, position(req, req.extend_range.end), req.extend_range.end)
         self._tracked = len(adder.can_run_list)
 
 
