@@ -46,7 +46,17 @@ def validate_server_args(server_args: Any, conflicts: Mapping[str, str]) -> None
             flags = ", ".join(f"--prefill-ext-{k.replace('_', '-')}" for k in server_args.prefill_ext_options)
             raise ValueError(f"{flags} given without {config.ENABLE_FLAG}")
         return
-    config.PrefillExtConfig.from_options(server_args.prefill_ext_options)
+    options = config.PrefillExtConfig.from_options(server_args.prefill_ext_options)
     found = [text for name, text in conflicts.items() if getattr(server_args, name, None)]
+    if options.sparse and "flashinfer" not in _attention_backends(server_args):
+        found.append(
+            "--prefill-ext-sparse without --attention-backend flashinfer (the sparse path is FlashInfer's)"
+        )
     if found:
         raise ValueError(f"{config.ENABLE_FLAG} cannot be combined with: {'; '.join(found)}")
+
+
+def _attention_backends(server_args: Any) -> set[str | None]:
+    """The explicitly chosen backends that would run prefill attention."""
+    prefill = getattr(server_args, "prefill_attention_backend", None)
+    return {prefill} if prefill else {getattr(server_args, "attention_backend", None)}

@@ -54,6 +54,15 @@ def test_conflicting_cache_flags_refused(sglang_harness: ModuleType, field: str)
         sglang_harness.parse_server_args("--enable-prefill-ext", *argv)
 
 
+def test_sparse_needs_the_flashinfer_backend(sglang_harness: ModuleType) -> None:
+    with pytest.raises(ValueError, match="--prefill-ext-sparse without --attention-backend flashinfer"):
+        sglang_harness.parse_server_args("--enable-prefill-ext", "--prefill-ext-sparse")
+    args = sglang_harness.parse_server_args(
+        "--enable-prefill-ext", "--prefill-ext-sparse", "--attention-backend", "flashinfer"
+    )
+    assert args.prefill_ext_options == {"sparse": True}
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_stock_tree_cache_with_flag_off(sglang_harness: ModuleType, page_size: int) -> None:
     cache = sglang_harness.build_tree_cache(sglang_harness.parse_server_args(), page_size)

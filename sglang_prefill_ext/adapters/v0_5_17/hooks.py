@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING
 from sglang_prefill_ext.adapters import common
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
     from sglang.srt.mem_cache.registry import TreeCacheBuildContext
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
 add_cli_args = common.add_cli_args
@@ -32,3 +35,23 @@ def build_tree_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     from sglang_prefill_ext.adapters.v0_5_17.tree_cache import build_tree_cache as build
 
     return build(ctx)
+
+
+def create_attention_backend(runner: ModelRunner) -> FlashInferAttnBackend:
+    """The non-MLA FlashInfer backend under the flag: sparse prefill if `--prefill-ext-sparse`."""
+    from sglang_prefill_ext.adapters.v0_5_17.attention import create_backend
+
+    return create_backend(runner)
+
+
+def wants_eager_prefill(runner: ModelRunner, forward_batch: ForwardBatch) -> bool:
+    """True for batches the extension's backend must run without a captured prefill graph."""
+    wants = getattr(runner.attn_backend, "wants_eager_prefill", None)
+    return wants is not None and wants(forward_batch)
+
+
+def before_forward(runner: ModelRunner, forward_batch: ForwardBatch) -> None:
+    """Forget per-slot state (sparse key summaries) of KV slots this forward overwrites."""
+    release = getattr(runner.attn_backend, "release_kv_slots", None)
+    if release is not None and forward_batch.out_cache_loc is not None:
+        release(forward_batch.out_cache_loc)
