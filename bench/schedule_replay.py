@@ -313,6 +313,7 @@ class ReplayScheduler:
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
                 continue
+            req.time_stats.set_prefill_finished_time()
             req.output_ids.append(OUTPUT_TOKEN)
             req.update_finish_state()
             if req.finished():

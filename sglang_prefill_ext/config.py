@@ -86,6 +86,12 @@ class PrefillExtConfig:
         32, "lpm-aging: a request that has waited this many scheduling passes is ordered first (FCFS)."
     )
 
+    log: str = _option(
+        "",
+        "Append one JSON line per finished request to this file: rid, input_len, cached_tokens, "
+        "deduped_tokens, chunks, queue_ms, prefill_ms, ttft_ms, output_tokens, error (empty: off).",
+    )
+
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> PrefillExtConfig:
         options = dict(options or {})

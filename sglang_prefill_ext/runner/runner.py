@@ -61,6 +61,11 @@ class PrefillRunner:
             state = self._states[item] = WaitState(next(self._arrivals))
         return state
 
+    def deduped_tokens(self, item: Hashable) -> int:
+        """In-flight tokens `item` waited for (0 if it never waited), while it is still tracked."""
+        state = self._states.get(item)
+        return state.deduped_tokens if state is not None else 0
+
     def begin_pass(self, waiting: Sequence[Hashable], landed: Callable[[Flight], bool]) -> None:
         self.counters.passes += 1
         for flight in list(self.flights):

@@ -7,6 +7,7 @@ protected counters equal the slots it holds.
 
 from __future__ import annotations
 
+import json
 from types import ModuleType
 
 import pytest
@@ -152,3 +153,30 @@ def test_the_slot_census_catches_leaks_and_double_frees(replay: ModuleType) -> N
     assert scheduler.kv_accounting_errors() == [
         "a slot has two owners (double free, or freed while the tree holds it)"
     ]
+
+
+def test_request_log_has_one_line_per_request(replay: ModuleType, tmp_path) -> None:
+    log = tmp_path / "requests.jsonl"
+    trace = replay.burst(6, 4096, 64)
+    scheduler = replay.ReplayScheduler(
+        replay.ReplayConfig(
+            ext=True, chunked_prefill_size=1024, pool_tokens=POOL, extra_args=("--prefill-ext-log", str(log))
+        )
+    )
+    steps = replay.drive(scheduler, trace)
+    next(steps)
+    next(steps)
+    scheduler.abort(scheduler.scheduler.chunked_req.rid)
+    for _ in steps:
+        pass
+    records = {r["rid"]: r for r in map(json.loads, log.read_text().splitlines())}
+    assert sorted(records) == sorted(t.rid for t in trace)
+    assert records["b0"]["error"] == "Aborted"
+    assert records["b0"]["output_tokens"] == 0
+    finished = [records[f"b{i}"] for i in range(1, 6)]
+    assert all(r["error"] is None and r["output_tokens"] == 1 for r in finished)
+    assert all(r["input_len"] == 4096 + 64 for r in finished)
+    # Every waiter deferred behind an in-flight chunk; one of them then computed the rest in chunks.
+    assert all(r["deduped_tokens"] >= 1024 for r in finished)
+    assert max(r["chunks"] for r in finished) > 1
+    assert all(r["ttft_ms"] >= r["queue_ms"] >= 0 for r in finished)

@@ -8,27 +8,34 @@ off) and calls it at three points of `_get_new_batch_prefill_raw`:
   next uncached pages are in flight;
 - `admitted(adder)` once the queue loop ends, so the last admitted request is tracked too.
 
+With `--prefill-ext-log`, the patched `release_kv_cache` (every finished or aborted request passes
+through it) calls `REQUEST_LOG.released(req)`.
+
 Everything SGLang-specific (where a request's match ends, when its pages landed) is read here;
-the decisions are the runner's.
+the decisions are the runner's. SGLang is imported lazily: `mem_cache/common.py` imports this
+module while SGLang's own modules are still loading.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
-
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import CacheAwarePolicy, PrefillAdder, match_prefix_for_req
 
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.tokens import as_token_array
 from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
+from sglang_prefill_ext.runner.request_log import JsonlLog, RequestRecord
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
     from sglang.srt.managers.scheduler import Scheduler
 
     from sglang_prefill_ext.adapters.v0_5_17.radix_cache import PrefillExtRadixCache
+
+# The scheduler whose `--prefill-ext-log` the patched `release_kv_cache` feeds (None: no log).
+REQUEST_LOG: PrefillExtScheduler | None = None
 
 
 def landed(flight: Flight) -> bool:
@@ -48,6 +55,10 @@ def position(req: Req, length: int) -> Position:
     return Position(req.extra_key, req.last_node, tokens, len(req.prefix_indices))
 
 
+def _ms(start: float, end: float) -> float:
+    return round(1e3 * (end - start), 3) if start and end else -1.0
+
+
 class PrefillExtScheduler:
     def __init__(
         self,
@@ -56,8 +67,11 @@ class PrefillExtScheduler:
         config: PrefillExtConfig,
         page_size: int,
     ) -> None:
+        from sglang.srt.managers.schedule_policy import CacheAwarePolicy, match_prefix_for_req
+
         self.policy = policy
         self.tree_cache = tree_cache
+        self._match_prefix = match_prefix_for_req
         schedule = config.schedule
         if schedule == "auto":
             schedule = "lpm-aging" if policy.policy == CacheAwarePolicy.LPM else "stock"
@@ -69,6 +83,8 @@ class PrefillExtScheduler:
             max_dedup_passes=config.dedup_max_wait_passes,
             max_wait_passes=config.max_wait_passes,
         )
+        self.log = JsonlLog(config.log) if config.log else None
+        self._deduped: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
         self._adder: PrefillAdder | None = None
         self._tracked = 0
 
@@ -91,7 +107,7 @@ class PrefillExtScheduler:
         return (tree.epoch, tree.counters.evicted_tokens, node, node.alive, len(node.children))
 
     def _match(self, req: Req) -> int:
-        match_prefix_for_req(self.tree_cache, req, include_req=True)
+        self._match_prefix(self.tree_cache, req, include_req=True)
         return req.num_matched_prefix_tokens
 
     def defer(self, req: Req, adder: PrefillAdder) -> bool:
@@ -105,13 +121,40 @@ class PrefillExtScheduler:
             self._adder, self._tracked = adder, 0
         for req in adder.can_run_list[self._tracked :]:
             self.runner.track(req, position(req, req.extend_range.end), req.extend_range.end)
+            deduped = self.runner.deduped_tokens(req)
+            if deduped:
+                self._deduped[req] = deduped
         self._tracked = len(adder.can_run_list)
+
+    def released(self, req: Req) -> None:
+        """`req` finished or was aborted: its log line."""
+        stats = req.time_stats
+        reason = req.finished_reason
+        self.log.write(
+            RequestRecord(
+                rid=req.rid,
+                input_len=len(req.origin_input_ids),
+                cached_tokens=req.cached_tokens,
+                deduped_tokens=self._deduped.pop(req, 0),
+                chunks=req.extend_batch_idx,
+                queue_ms=_ms(stats.wait_queue_entry_time, stats.forward_entry_time),
+                prefill_ms=_ms(stats.forward_entry_time, stats.prefill_finished_time),
+                ttft_ms=_ms(stats.wait_queue_entry_time, stats.prefill_finished_time),
+                output_tokens=len(req.output_ids),
+                error=getattr(reason, "message", None),
+            )
+        )
 
 
 def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
     """The scheduler's runner under `--enable-prefill-ext`, else None (stock scheduling)."""
+    global REQUEST_LOG
+    REQUEST_LOG = None
     server_args = scheduler.server_args
     if not getattr(server_args, "enable_prefill_ext", False):
         return None
     config = PrefillExtConfig.from_options(server_args.prefill_ext_options)
-    return PrefillExtScheduler(scheduler.policy, scheduler.tree_cache, config, scheduler.page_size)
+    runner = PrefillExtScheduler(scheduler.policy, scheduler.tree_cache, config, scheduler.page_size)
+    if runner.log is not None:
+        REQUEST_LOG = runner
+    return runner
