@@ -54,6 +54,8 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils import get_num_new_pages
 
+from sglang_prefill_ext.config import EVICTION_POLICIES
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL_CONFIG = REPO / "bench" / "models" / "llama3-8b-dummy"
 OUTPUT_TOKEN = 7
@@ -116,12 +118,32 @@ def unique(n: int, length: int, seed: int = 3) -> list[TraceReq]:
     return [TraceReq(f"u{i}", tuple(_tokens(rng, length))) for i in range(n)]
 
 
+def shared_doc_random(
+    docs: int, questions: int, doc_len: int, question: int, seed: int = 6
+) -> list[TraceReq]:
+    """`questions` questions, one per iteration, each about a document drawn at random (reuse at
+    random distances: what eviction policies are judged on)."""
+    rng = random.Random(seed)
+    texts = [_tokens(rng, doc_len) for _ in range(docs)]
+    return [
+        TraceReq(f"r{i}", tuple(texts[rng.randrange(docs)] + _tokens(rng, question)), arrival=i)
+        for i in range(questions)
+    ]
+
+
 TRACES: dict[str, Callable[[], list[TraceReq]]] = {
     "burst-4k": lambda: burst(16, 4096, 256),
     "burst-32k": lambda: burst(16, 32768, 512),
     "shared-doc": lambda: shared_doc(4, 8, 6000, 200),
     "multi-turn": lambda: multi_turn(8, 4, 1024, 300),
     "unique": lambda: unique(16, 3000),
+}
+
+
+# Traces whose working set exceeds the eviction table's pools.
+EVICTION_TRACES: dict[str, Callable[[], list[TraceReq]]] = {
+    "multi-turn-24x6": lambda: multi_turn(24, 6, 512, 400),
+    "shared-doc-random": lambda: shared_doc_random(8, 64, 6000, 100),
 }
 
 
@@ -319,6 +341,8 @@ class ReplayScheduler:
             if req.finished():
                 release_kv_cache(req, self.scheduler.tree_cache)
                 self.finished[req.rid] = req
+                # get_next_batch_to_run: the batch shrank, so the scheduler may admit again.
+                self.running_batch.batch_is_full = False
             else:
                 maybe_cache_unfinished_req(req, self.scheduler.tree_cache)
 
@@ -549,6 +573,40 @@ def stock_lpm_uncut_cost(queue_len: int, length: int, config: ReplayConfig, docs
     return StepCost("stock-lpm, no cutoff (ordering only)", queue_len, *costs)
 
 
+def eviction_rows(pools: list[int], chunked_prefill_size: int) -> list[str]:
+    """Per trace and pool size: prefill tokens, hit rate and recomputed tokens, stock LRU vs each
+    extension eviction policy (same scheduling otherwise: fcfs, dedup on)."""
+    lines = [
+        "| trace | pool tokens | tree | prefill tokens | hit rate | recomputed vs ideal |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for name, make in EVICTION_TRACES.items():
+        trace = make()
+        prompt_tokens = sum(len(t.tokens) for t in trace)
+        ideal = ideal_prefill_tokens(trace)
+        for pool in pools:
+            variants = [("stock RadixCache lru", False, ("--radix-eviction-policy", "lru"))]
+            variants.append(
+                (
+                    "ext lru, dedup off",
+                    True,
+                    ("--prefill-ext-eviction", "lru", "--prefill-ext-dedup", "false"),
+                )
+            )
+            variants += [(f"ext {p}", True, ("--prefill-ext-eviction", p)) for p in EVICTION_POLICIES]
+            for label, ext, args in variants:
+                config = ReplayConfig(
+                    ext=ext, pool_tokens=pool, chunked_prefill_size=chunked_prefill_size, extra_args=args
+                )
+                result = replay_trace(name, trace, config)
+                tokens = result.prefill_tokens
+                lines.append(
+                    f"| {name} | {pool:,} | {label} | {tokens:,} | {1 - tokens / prompt_tokens:.3f} | "
+                    f"{tokens - ideal:,} |"
+                )
+    return lines
+
+
 def markdown(results: list[ReplayResult]) -> str:
     lines = [
         "| trace | mode | prefill tokens | ideal | tokens / ideal | passes | decisions/s | CPU ms / step |",
@@ -576,7 +634,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lpm-length", type=int, default=32768, help="prompt length of the LPM step-cost row"
     )
+    parser.add_argument(
+        "--eviction-pools",
+        type=int,
+        nargs="*",
+        metavar="TOKENS",
+        help="instead of the scheduling tables: the eviction table at these KV pool sizes",
+    )
     args = parser.parse_args(argv)
+    if args.eviction_pools:
+        print(
+            f"command: python bench/schedule_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}\n"
+        )
+        print("\n".join(eviction_rows(args.eviction_pools, args.chunked_prefill_size)))
+        return 0
 
     results = []
     for name in args.trace or list(TRACES):

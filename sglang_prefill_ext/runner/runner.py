@@ -30,6 +30,7 @@ from sglang_prefill_ext.runner.waiting import WaitState, lpm_aging_key
 class RunnerCounters:
     passes: int = 0
     deferrals: int = 0
+    dedup_tokens: int = 0
     dedup_timeouts: int = 0
     flights: int = 0
     landed: int = 0
@@ -116,6 +117,7 @@ class PrefillRunner:
         """`producer` was admitted to compute its tokens from `at` to `end`."""
         if not self.dedup:
             return None
+        self.counters.dedup_tokens += self.deduped_tokens(producer)
         flight = self.flights.add(producer, at, end)
         if flight is not None:
             self.counters.flights += 1

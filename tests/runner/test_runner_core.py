@@ -30,11 +30,13 @@ def test_waiter_defers_until_the_flight_lands_then_proceeds() -> None:
     runner.begin_pass(["b"], has_landed)
     assert not runner.should_defer("b", Position(None, "root", prompt(1), 0))
     assert runner.state("b").deduped_tokens == 512
+    runner.track("b", Position(None, "root", prompt(1), 0), 544)
     assert runner.counters.as_dict() | {"passes": 0} == {
         "passes": 0,
         "deferrals": 2,
+        "dedup_tokens": 512,
         "dedup_timeouts": 0,
-        "flights": 1,
+        "flights": 2,
         "landed": 1,
     }
 

@@ -180,3 +180,38 @@ def test_request_log_has_one_line_per_request(replay: ModuleType, tmp_path) -> N
     assert all(r["deduped_tokens"] >= 1024 for r in finished)
     assert max(r["chunks"] for r in finished) > 1
     assert all(r["ttft_ms"] >= r["queue_ms"] >= 0 for r in finished)
+
+
+def test_prometheus_counters_count_hits_and_dedup(replay: ModuleType) -> None:
+    from prometheus_client import REGISTRY
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(f"sglang:prefill_ext_{name}_total") or 0.0
+
+    names = ("hit_tokens", "dedup_tokens", "deferrals")
+    before = {name: sample(name) for name in names}
+    trace = replay.burst(4, 1024, 64)
+    run(replay, trace, ext=True, chunked_prefill_size=SMALL_CHUNK, extra_args=("--enable-metrics",))
+    delta = {name: sample(name) - before[name] for name in names}
+    assert delta["dedup_tokens"] == 3 * 1024  # three waiters reused the first request's prefix
+    assert delta["deferrals"] == 3
+    assert delta["hit_tokens"] == 3 * 1024
+
+
+@pytest.mark.parametrize("eviction", ["lru", "cost"])
+def test_kv_accounting_holds_under_eviction(replay: ModuleType, eviction: str) -> None:
+    """A pool a third of the working set: the tree evicts every few passes; every slot stays owned once."""
+    trace = replay.multi_turn(6, 4, 256, 300)
+    pool = 2560
+    ideal = replay.ideal_prefill_tokens(trace)
+    assert ideal > 2.5 * pool
+    ext = run(
+        replay,
+        trace,
+        ext=True,
+        pool_tokens=pool,
+        chunked_prefill_size=1024,
+        extra_args=("--prefill-ext-eviction", eviction),
+    )
+    assert ext.scheduler.tree_cache.stats()["evicted_tokens"] > 0
+    assert ext.prefill_tokens > ideal  # evicted prefixes were recomputed

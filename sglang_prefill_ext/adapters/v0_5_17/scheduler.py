@@ -6,7 +6,7 @@ off) and calls it at three points of `_get_new_batch_prefill_raw`:
 - `calc_priority(waiting_queue, running_batch)` in place of `SchedulePolicy.calc_priority`;
 - `defer(req, adder)` after `req.init_next_round_input`: True skips `req` this pass because its
   next uncached pages are in flight;
-- `admitted(adder)` once the queue loop ends, so the last admitted request is tracked too.
+- `admitted(adder)` once the queue loop ends: tracks the last admissions, publishes the counters.
 
 With `--prefill-ext-log`, the patched `release_kv_cache` (every finished or aborted request passes
 through it) calls `REQUEST_LOG.released(req)`.
@@ -25,6 +25,7 @@ from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.tokens import as_token_array
 from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
+from sglang_prefill_ext.runner.metrics import CounterDeltas
 from sglang_prefill_ext.runner.request_log import JsonlLog, RequestRecord
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class PrefillExtScheduler:
         tree_cache: PrefillExtRadixCache,
         config: PrefillExtConfig,
         page_size: int,
+        metrics: bool = False,
     ) -> None:
         from sglang.srt.managers.schedule_policy import CacheAwarePolicy, match_prefix_for_req
 
@@ -84,6 +86,8 @@ class PrefillExtScheduler:
             max_wait_passes=config.max_wait_passes,
         )
         self.log = JsonlLog(config.log) if config.log else None
+        self.metrics = CounterDeltas() if metrics else None
+        self._hit_tokens = 0
         self._deduped: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
         self._adder: PrefillAdder | None = None
         self._tracked = 0
@@ -112,10 +116,26 @@ class PrefillExtScheduler:
 
     def defer(self, req: Req, adder: PrefillAdder) -> bool:
         """True when `req`'s next uncached pages are being computed by an admitted request."""
-        self.admitted(adder)
+        self._track(adder)
         return self.runner.should_defer(req, position(req, len(req.full_untruncated_fill_ids)))
 
     def admitted(self, adder: PrefillAdder) -> None:
+        """The pass's queue loop ended: track the last admissions, publish the counters."""
+        self._track(adder)
+        if self.metrics is not None:
+            self._hit_tokens += adder.log_hit_tokens
+            tree, runner = self.tree_cache.tree.counters, self.runner.counters
+            self.metrics.publish(
+                {
+                    "hit_tokens": self._hit_tokens,
+                    "evicted_tokens": tree.evicted_tokens,
+                    "dedup_tokens": runner.dedup_tokens,
+                    "deferrals": runner.deferrals,
+                    "dedup_timeouts": runner.dedup_timeouts,
+                }
+            )
+
+    def _track(self, adder: PrefillAdder) -> None:
         """Track the requests `adder` admitted since the last call, each as one flight."""
         if adder is not self._adder:
             self._adder, self._tracked = adder, 0
@@ -154,7 +174,13 @@ def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
     if not getattr(server_args, "enable_prefill_ext", False):
         return None
     config = PrefillExtConfig.from_options(server_args.prefill_ext_options)
-    runner = PrefillExtScheduler(scheduler.policy, scheduler.tree_cache, config, scheduler.page_size)
+    runner = PrefillExtScheduler(
+        scheduler.policy,
+        scheduler.tree_cache,
+        config,
+        scheduler.page_size,
+        metrics=bool(getattr(server_args, "enable_metrics", False)),
+    )
     if runner.log is not None:
         REQUEST_LOG = runner
     return runner
