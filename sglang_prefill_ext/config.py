@@ -44,6 +44,12 @@ class PrefillExtConfig:
         32768,
         "Sparse only for extend batches whose longest request (prefix + new tokens) has this many tokens.",
     )
+    sparse_min_extend: int = _option(
+        1024,
+        "Sparse only when a request at or over --prefill-ext-sparse-min-len also brings this many new "
+        "tokens in the batch: a cache hit or a short follow-up over a long prefix stays dense (for so few "
+        "queries dense attention is cheaper than selecting and planning).",
+    )
     sparse_dense_layers: int = _option(2, "The first N layers always run dense attention.")
     sparse_block_size: int = _option(128, "Tokens per query/key block of the sparse layout.")
     sparse_sink_blocks: int = _option(1, "Leading key blocks every query block keeps (attention sinks).")

@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Issue 6 on the H200 host: the ops' GPU tests, then bench/ops_bench.py; a summary table last.
 # From the repo root, with the device tool's carry [".whl/sglang-site-cp312.tar.xz", ".gpu"]:
-#     bash bench/gpu/run_ops.sh
+#     bash bench/gpu/run_ops.sh                     # tests + the 128K rows and the 8K-chunk rows, ~2 min
+#     LENS="8192 32768 65536 131072" bash bench/gpu/run_ops.sh   # every length
 # Results land in $OUT (default ./out-ops): pytest_gpu.log, ops_bench.log, ops_bench.json, summary.txt,
-# and new-flashinfer-jit.tgz if FlashInfer had to build a module the kernel cache lacked.
+# new-flashinfer-jit.tgz if FlashInfer had to build a module the kernel cache lacked, and
+# triton-ops-cache.tgz: the Triton kernels compiled here (scoring, pooling, index expansion), relative to
+# the kernel-cache root, so `tar -C $JIT -xzf` puts them under $JIT/triton ($TRITON_CACHE_DIR of this
+# script and of run_ab.sh). Carried back as .gpu/triton-ops-cache.tgz, this script unpacks it first.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 OUT=${OUT:-$PWD/out-ops}
+LENS=${LENS:-131072}
+MAX_RETURN_BYTES=$((16 << 20))
 mkdir -p "$OUT"
 t0=$(date +%s)
 
 mkdir -p /tmp/site /tmp/jit
 tar -C /tmp/site -xJf .whl/sglang-site-cp312.tar.xz || exit 2
 tar -C /tmp/jit -xzf .gpu/jit-cache-sglang-0.5.17-sm90.tar.gz || exit 2
-mkdir -p /tmp/site/flashinfer/data/aot && cp -r /tmp/jit/flashinfer-aot/. /tmp/site/flashinfer/data/aot/
+if [ -f .gpu/triton-ops-cache.tgz ]; then tar -C /tmp/jit -xzf .gpu/triton-ops-cache.tgz || exit 2; fi
+mkdir -p /tmp/site/flashinfer/data/aot /tmp/jit/triton && cp -r /tmp/jit/flashinfer-aot/. /tmp/site/flashinfer/data/aot/
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     TVM_FFI_CACHE_DIR=/tmp/jit/tvm-ffi TRITON_CACHE_DIR=/tmp/jit/triton FLASHINFER_WORKSPACE_BASE=/tmp/jit/fi
 unset FLASHINFER_DISABLE_JIT  # a module missing from the cache gets built (and packed below)
@@ -21,24 +28,55 @@ touch /tmp/jit/.start
 echo "unpacked in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total,driver_version --format=csv,noheader
 
-timeout 270 python3 -m pytest -m gpu tests/ops --ignore=tests/ops/test_backend_dispatch.py -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
+timeout 150 python3 -m pytest -m gpu tests/ops --ignore=tests/ops/test_backend_dispatch.py -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
 pytest_rc=${PIPESTATUS[0]}
 echo "gpu tests: rc=$pytest_rc after $(( $(date +%s) - t0 )) s"
 
-timeout 240 python3 bench/ops_bench.py --json "$OUT/ops_bench.json" 2>&1 | tee "$OUT/ops_bench.log"
+# shellcheck disable=SC2086  # LENS is a list
+timeout 120 python3 bench/ops_bench.py --lens $LENS --json "$OUT/ops_bench.json" 2>&1 | tee "$OUT/ops_bench.log"
 bench_rc=${PIPESTATUS[0]}
 echo "bench: rc=$bench_rc after $(( $(date +%s) - t0 )) s"
 
 new_jit=$(find /tmp/jit/fi /tmp/jit/tvm-ffi -name '*.so' -newer /tmp/jit/.start 2>/dev/null)
 if [ -n "$new_jit" ]; then
-    tar -C /tmp/jit -czf "$OUT/new-flashinfer-jit.tgz" $(echo "$new_jit" | sed 's|^/tmp/jit/||')
+    echo "$new_jit" | sed 's|^/tmp/jit/||' | tar -C /tmp/jit -czf "$OUT/new-flashinfer-jit.tgz" -T -
+fi
+# Triton keeps one folder per compiled kernel variant; pack the folders this run created.
+new_triton=$(find /tmp/jit/triton -mindepth 1 -maxdepth 1 -type d -newer /tmp/jit/.start | sed 's|^/tmp/jit/||')
+triton_note="no new Triton kernels (all came from the cache)"
+if [ -n "$new_triton" ]; then
+    echo "$new_triton" | tar -C /tmp/jit -czf "$OUT/triton-ops-cache.tgz" -T -
+    size=$(stat -c %s "$OUT/triton-ops-cache.tgz")
+    triton_note="$(echo "$new_triton" | wc -l) new Triton kernel folders, triton-ops-cache.tgz $((size >> 10)) KiB"
+    if [ "$size" -gt "$MAX_RETURN_BYTES" ]; then
+        rm -f "$OUT/triton-ops-cache.tgz"
+        triton_note="$triton_note: over 16 MiB, not returned"
+    fi
 fi
 
 {
-    echo "== issue 6 ops on $(nvidia-smi --query-gpu=name --format=csv,noheader), $(( $(date +%s) - t0 )) s in all"
+    echo "== issue 6 ops on $(nvidia-smi --query-gpu=name --format=csv,noheader), LENS=$LENS, $(( $(date +%s) - t0 )) s in all"
     echo "gpu tests (rc=$pytest_rc): $(grep -E '(passed|failed|error)' "$OUT/pytest_gpu.log" | tail -1)"
     grep -E '^(FAILED|ERROR)' "$OUT/pytest_gpu.log" | head -20
     echo "new FlashInfer modules built (packed in new-flashinfer-jit.tgz): $(echo -n "$new_jit" | grep -c . || true)"
+    echo "Triton cache: $triton_note"
     echo "bench (rc=$bench_rc):"
     sed -n '/^bf16 matmul ceiling/,$p' "$OUT/ops_bench.log"
+    python3 - "$OUT/ops_bench.json" <<'PY'
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))["rows"]
+except (OSError, ValueError, KeyError) as err:
+    sys.exit(f"no bench JSON: {err}")
+print("\n== sparse rows: where the time goes (ms; plan = indices + FlashInfer planner)")
+head = ("L", "path", "total", "select", "plan", "plan_public", "attn", "speed-up", "density", "recall")
+print(" | ".join(head))
+for r in rows:
+    if "plan_ms" not in r:
+        continue
+    cells = [r["L"], r["path"], r["ms"], r["select_ms"], r["plan_ms"], r["plan_public_ms"], r["attn_ms"],
+             r["vs_sdpa"], r.get("density", ""), r.get("recall", "")]
+    print(" | ".join(f"{c:.3g}" if isinstance(c, float) else str(c) for c in cells))
+print("speed-up: vs torch SDPA (full rows) or FlashInfer paged dense (chunk rows), select + plan + attn counted.")
+PY
 } | tee "$OUT/summary.txt"

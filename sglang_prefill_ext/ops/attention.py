@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .plan import PlanIndices
+from .plan import PlanIndices, one_segment_indices
 
 
 def to_head_major(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -28,13 +28,23 @@ def to_token_major(o: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 
 
 class BlockSparsePrefill:
-    """Plan once, run per layer: causal attention of a batch's queries over kept blocks of the KV pool."""
+    """Plan once, run per layer: causal attention of a batch's queries over kept blocks of the KV pool.
+
+    Planning goes straight to FlashInfer's C++ planner. The wrapper's public `plan` takes the
+    maximum query and KV length with Python's builtin `max` over host tensors, one Python-level
+    comparison per segment: with Hkv x R segments (8 x 1024 at 128K) that loop, not the planner,
+    was most of the plan time. FlashInfer's own `VariableBlockSparseAttentionWrapper` calls the
+    planner the same way. The public `plan` still runs, on a one-segment problem, whenever the
+    kernel signature (group size, head_dim, dtype, scale, soft cap) changes: it picks the backend and
+    kernel module and keeps the run-time options; `fast=False` plans the whole batch through it.
+    """
 
     def __init__(self, workspace: torch.Tensor, backend: str = "auto") -> None:
         from flashinfer import BatchPrefillWithPagedKVCacheWrapper
 
         self._wrapper = BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
         self._num_kv_heads = 0
+        self._signature: tuple[int, int, torch.dtype, float, float] | None = None
 
     def plan(
         self,
@@ -45,14 +55,28 @@ class BlockSparsePrefill:
         dtype: torch.dtype,
         sm_scale: float,
         logits_soft_cap: float = 0.0,
+        fast: bool = True,
     ) -> None:
         self._num_kv_heads = num_kv_heads
+        signature = (num_qo_heads // num_kv_heads, head_dim, dtype, sm_scale, logits_soft_cap)
+        if not fast:
+            self._plan_public(indices, signature)
+        else:
+            if signature != self._signature:
+                self._plan_public(one_segment_indices(self._wrapper.device), signature)
+            self._plan_direct(indices, signature[0], head_dim)
+        self._signature = signature
+
+    def _plan_public(
+        self, indices: PlanIndices, signature: tuple[int, int, torch.dtype, float, float]
+    ) -> None:
+        group, head_dim, dtype, sm_scale, logits_soft_cap = signature
         self._wrapper.plan(
             indices.qo_indptr,
             indices.kv_indptr,
             indices.kv_indices,
             torch.ones(indices.num_segments, dtype=torch.int32),
-            num_qo_heads // num_kv_heads,
+            group,
             1,
             head_dim,
             1,
@@ -62,6 +86,48 @@ class BlockSparsePrefill:
             q_data_type=dtype,
             kv_data_type=dtype,
         )
+
+    def _plan_direct(self, indices: PlanIndices, group: int, head_dim: int) -> None:
+        """What the wrapper's `plan` does for a causal, page-size-1, non-graph fa2/fa3 batch, vectorised."""
+        wrapper = self._wrapper
+        if wrapper._backend not in ("fa2", "fa3") or wrapper.is_cuda_graph_enabled:
+            raise RuntimeError(f"direct planning covers fa2/fa3 without CUDA graphs, not {wrapper._backend}")
+        qo_indptr, kv_indptr = indices.qo_indptr, indices.kv_indptr
+        kv_lens = kv_indptr[1:] - kv_indptr[:-1]
+        num_segments, total_rows = indices.num_segments, int(qo_indptr[-1])
+        device = wrapper.device
+        wrapper._batch_size = num_segments
+        wrapper._qo_indptr_last = total_rows
+        wrapper._max_q_len = int((qo_indptr[1:] - qo_indptr[:-1]).max())
+        wrapper._max_kv_len = int(kv_lens.max())
+        if num_segments > wrapper._kv_lens_buffer.numel():
+            wrapper._kv_lens_buffer = torch.empty(num_segments, dtype=torch.int32, device=device)
+        wrapper._kv_lens_buffer[:num_segments].copy_(kv_lens, non_blocking=True)
+        wrapper._qo_indptr_buf = qo_indptr.to(device, non_blocking=True)
+        wrapper._paged_kv_indptr_buf = kv_indptr.to(device, non_blocking=True)
+        wrapper._paged_kv_indices_buf = indices.kv_indices
+        wrapper._paged_kv_last_page_len_buf = torch.ones(num_segments, dtype=torch.int32, device=device)
+        args = [
+            wrapper._float_workspace_buffer,
+            wrapper._int_workspace_buffer,
+            wrapper._pin_memory_int_workspace_buffer,
+            qo_indptr,
+            kv_indptr,
+            kv_lens,
+            total_rows,
+            num_segments,
+            group,  # query heads per segment
+            1,  # KV heads per segment
+            1,  # page size
+            False,  # CUDA graph
+            head_dim,
+            head_dim,
+            True,  # causal
+            -1,  # window_left
+        ]
+        if wrapper._backend == "fa2":
+            args += [-1, False, 0]  # fixed_split_size, disable_split_kv, num_colocated_ctas
+        wrapper._plan_info = wrapper._cached_module.plan(*args)
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
         """q [N, Hq, D]; k/v_buffer: the layer's KV pool [T, Hkv, D]; returns [N, Hq, D]."""

@@ -36,6 +36,12 @@ class PlanIndices:
         return int(self.kv_indptr[-1])
 
 
+def one_segment_indices(device: torch.device | str) -> PlanIndices:
+    """One query row over one KV page: the smallest problem FlashInfer's planner accepts."""
+    indptr = torch.tensor([0, 1], dtype=torch.int32)
+    return PlanIndices(indptr, indptr.clone(), torch.zeros(1, dtype=torch.int32, device=device))
+
+
 @triton.jit
 def _expand_kernel(
     locs_ptr, start_ptr, length_ptr, dest_ptr, head_ptr, out_ptr, num_kv_heads, BLOCK: tl.constexpr

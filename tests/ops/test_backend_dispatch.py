@@ -29,10 +29,16 @@ def _backend(**options) -> SparsePrefillFlashInferBackend:
     return backend
 
 
-def _batch(mode: ForwardMode = ForwardMode.EXTEND, seq_lens: tuple[int, ...] = (1200, 40)):
+def _batch(
+    mode: ForwardMode = ForwardMode.EXTEND,
+    seq_lens: tuple[int, ...] = (1200, 40),
+    prefix_lens: tuple[int, ...] | None = None,
+):
+    prefix = list(prefix_lens or [0] * len(seq_lens))
     return types.SimpleNamespace(
         forward_mode=mode,
-        extend_prefix_lens_cpu=[0] * len(seq_lens),
+        extend_prefix_lens_cpu=prefix,
+        extend_seq_lens_cpu=[s - p for s, p in zip(seq_lens, prefix, strict=True)],
         seq_lens_cpu=torch.tensor(seq_lens),
     )
 
@@ -57,6 +63,18 @@ def test_only_long_plain_extend_batches_go_sparse() -> None:
     ):
         assert not backend.wants_eager_prefill(_batch(mode))
     assert not _backend(sparse=False).wants_eager_prefill(_batch())
+
+
+def test_a_long_request_needs_enough_new_tokens_to_go_sparse() -> None:
+    backend = _backend(sparse_min_extend=256)
+    assert not backend.wants_eager_prefill(_batch(seq_lens=(100_000,), prefix_lens=(99_999,)))  # cache hit
+    assert not backend.wants_eager_prefill(_batch(seq_lens=(100_000,), prefix_lens=(99_745,)))
+    assert backend.wants_eager_prefill(_batch(seq_lens=(100_000,), prefix_lens=(99_744,)))
+    # the new tokens must belong to a long request: a hit plus a short fresh prompt stays dense
+    assert not backend.wants_eager_prefill(_batch(seq_lens=(100_000, 900), prefix_lens=(99_999, 0)))
+    # a fresh 2,000-token prompt is long in its own right here (min_len 1000)
+    assert backend.wants_eager_prefill(_batch(seq_lens=(100_000, 2000), prefix_lens=(99_999, 0)))
+    assert _backend().ext_config.sparse_min_extend == 1024
 
 
 def test_unsupported_models_and_caches_stay_stock() -> None:

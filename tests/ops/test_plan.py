@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from kvpool import causal_attention, emulate_paged_prefill, make_pool, request_kv, token_keep_mask
 
-from sglang_prefill_ext.ops.attention import to_head_major, to_token_major
+from sglang_prefill_ext.ops.attention import BlockSparsePrefill, to_head_major, to_token_major
 from sglang_prefill_ext.ops.layout import BlockLayout, context_locs
 from sglang_prefill_ext.ops.plan import (
     BlockRuns,
+    PlanIndices,
     build_plan_indices,
     expand_blocks_reference,
     expand_blocks_triton,
@@ -96,3 +99,76 @@ def test_emulated_sparse_prefill_equals_masked_dense_attention(
         want = causal_attention(q[offset : offset + n], k, v, keep.repeat_interleave(group, 1))
         torch.testing.assert_close(out[offset : offset + n], want, rtol=1e-4, atol=1e-4)
         offset += n
+
+
+class _FakeWrapper(types.SimpleNamespace):
+    """The parts of FlashInfer's paged prefill wrapper that `BlockSparsePrefill` plans through."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__(
+            device=torch.device("cpu"),
+            _backend=backend,
+            is_cuda_graph_enabled=False,
+            _kv_lens_buffer=torch.zeros(4, dtype=torch.int32),
+            _float_workspace_buffer="float_ws",
+            _int_workspace_buffer="int_ws",
+            _pin_memory_int_workspace_buffer="pinned_ws",
+            public_calls=[],
+            module_calls=[],
+        )
+        self._cached_module = types.SimpleNamespace(
+            plan=lambda *args: self.module_calls.append(args) or "info"
+        )
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, *args, **kwargs) -> None:
+        self.public_calls.append((qo_indptr.tolist(), kv_indptr.tolist(), args, kwargs))
+
+
+def _attention(backend: str = "fa2") -> BlockSparsePrefill:
+    attention = BlockSparsePrefill.__new__(BlockSparsePrefill)
+    attention._wrapper = _FakeWrapper(backend)
+    attention._num_kv_heads = 0
+    attention._signature = None
+    return attention
+
+
+def test_direct_plan_passes_the_planner_what_the_wrapper_would() -> None:
+    _, layout, locs, _ = _setup([37, 0], [60, 45], 1, (8, 2))
+    indices = build_plan_indices(_random_mask(layout, 2, 0.5), layout, locs)
+    attention = _attention()
+    attention.plan(indices, 8, 2, 32, torch.bfloat16, 0.125)
+    wrapper = attention._wrapper
+    # the one-segment public plan sets the kernel up: 4 query heads per segment, 1 KV head, head_dim 32
+    assert wrapper.public_calls == [([0, 1], [0, 1], (4, 1, 32, 1), wrapper.public_calls[0][3])]
+    assert wrapper.public_calls[0][3]["sm_scale"] == 0.125 and wrapper.public_calls[0][3]["causal"]
+    (args,) = wrapper.module_calls
+    kv_lens = indices.kv_indptr[1:] - indices.kv_indptr[:-1]
+    q_lens = indices.qo_indptr[1:] - indices.qo_indptr[:-1]
+    segments, rows = indices.num_segments, int(indices.qo_indptr[-1])
+    assert args[:3] == ("float_ws", "int_ws", "pinned_ws")
+    assert torch.equal(args[3], indices.qo_indptr) and torch.equal(args[4], indices.kv_indptr)
+    assert torch.equal(args[5], kv_lens)
+    assert args[6:] == (rows, segments, 4, 1, 1, False, 32, 32, True, -1, -1, False, 0)
+    assert (wrapper._batch_size, wrapper._qo_indptr_last) == (segments, rows)
+    assert (wrapper._max_q_len, wrapper._max_kv_len) == (int(q_lens.max()), int(kv_lens.max()))
+    assert torch.equal(wrapper._kv_lens_buffer[:segments], kv_lens)  # grown from 4 entries
+    assert torch.equal(wrapper._paged_kv_last_page_len_buf, torch.ones(segments, dtype=torch.int32))
+    assert wrapper._paged_kv_indices_buf is indices.kv_indices and wrapper._plan_info == "info"
+
+
+def test_public_plan_runs_again_only_when_the_kernel_signature_changes() -> None:
+    one = PlanIndices(torch.tensor([0, 3]), torch.tensor([0, 5]), torch.arange(5, dtype=torch.int32))
+    attention = _attention("fa3")
+    for scale in (0.1, 0.1, 0.2, 0.2):
+        attention.plan(one, 8, 2, 32, torch.bfloat16, scale)
+    wrapper = attention._wrapper
+    assert len(wrapper.public_calls) == 2 and len(wrapper.module_calls) == 4
+    assert len(wrapper.module_calls[0]) == 16  # fa3's planner takes no split-kv arguments
+    attention.plan(one, 8, 2, 32, torch.bfloat16, 0.2, fast=False)  # the whole batch, FlashInfer's way
+    assert wrapper.public_calls[-1][:2] == ([0, 3], [0, 5]) and len(wrapper.module_calls) == 4
+
+
+def test_direct_plan_refuses_backends_it_does_not_cover() -> None:
+    one = PlanIndices(torch.tensor([0, 3]), torch.tensor([0, 5]), torch.arange(5, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="trtllm-gen"):
+        _attention("trtllm-gen").plan(one, 8, 2, 32, torch.bfloat16, 0.1)

@@ -150,3 +150,27 @@ def test_triton_pooling_and_selection_match_torch_on_gpu() -> None:
     got = sparse.select(q, pool.k, 0.5, summary_layer=None)
     want = select_blocks_reference(qpool, kpool, layout, settings, 0.5)
     assert float((got != want).float().mean()) < 1e-3
+
+
+def test_direct_plan_runs_exactly_what_flashinfers_public_plan_runs() -> None:
+    """Bitwise: one plan per batch through the direct path, then the same batch through `plan(fast=False)`;
+    batches alternate between many and few segments so stale state from a larger plan would show."""
+    from sglang_prefill_ext.ops.plan import build_plan_indices
+
+    heads, head_dim = (32, 8), 128
+    attention = _sparse(SparseSettings()).attention
+    for prefix, extend, density in (([0], [8192], 0.1), ([3000, 0], [700, 64], 0.5), ([0], [4096], 0.3)):
+        ctx = [p + n for p, n in zip(prefix, extend, strict=True)]
+        pool = make_pool(ctx, 1, heads[1], head_dim, device=DEVICE)
+        layout = BlockLayout.build(prefix, extend, 128, DEVICE)
+        locs = context_locs(layout, pool.req_to_token, pool.req_pool_indices)
+        cols = torch.arange(layout.max_key_blocks, device=DEVICE)[None, :]
+        diag = layout.row_block.long()[:, None]
+        rand = torch.rand(heads[1], layout.num_rows, layout.max_key_blocks, device=DEVICE) < density
+        indices = build_plan_indices((rand | (cols == diag)) & (cols <= diag), layout, locs)
+        q = torch.randn(layout.num_tokens, heads[0], head_dim, device=DEVICE).bfloat16()
+        outs = []
+        for fast in (True, False):
+            attention.plan(indices, heads[0], heads[1], head_dim, q.dtype, head_dim**-0.5, fast=fast)
+            outs.append(attention.run(q, pool.k, pool.v))
+        assert torch.equal(outs[0], outs[1])

@@ -2,7 +2,8 @@
 
 What runs where:
 - decode, target-verify, draft-extend, dLLM and anything not plain EXTEND/MIXED: stock, untouched;
-- an extend batch whose longest request (prefix + new tokens) is under `sparse_min_len`: stock;
+- an extend batch without a request that has both `sparse_min_len` tokens (prefix + new) and
+  `sparse_min_extend` new tokens: stock (a cache hit over a long prefix is not worth a plan);
 - a sparse batch: its first `sparse_dense_layers` layers run stock; every later layer writes its
   K/V to the pool as stock does, then attends over the pool through the block-sparse layout
   (prefix and chunk alike, see `sglang_prefill_ext.ops.layout`). By default the layout is selected
@@ -95,7 +96,12 @@ class SparsePrefillFlashInferBackend(FlashInferAttnBackend):
         config = self.ext_config
         if not (config.sparse and forward_batch.forward_mode in _SPARSE_MODES):
             return False
-        if forward_batch.extend_prefix_lens_cpu is None or forward_batch.seq_lens_cpu is None:
+        extend_lens = forward_batch.extend_seq_lens_cpu
+        if (
+            forward_batch.extend_prefix_lens_cpu is None
+            or forward_batch.seq_lens_cpu is None
+            or not extend_lens
+        ):
             return False
         supported = (
             self.dispatch_reason is None
@@ -103,7 +109,10 @@ class SparsePrefillFlashInferBackend(FlashInferAttnBackend):
             and not self.prefill_uses_dequant_workspace
             and self.flashinfer_kv_cache_dtype in _SPARSE_DTYPES
         )
-        return supported and int(forward_batch.seq_lens_cpu.max()) >= config.sparse_min_len
+        return supported and any(
+            seq_len >= config.sparse_min_len and int(new) >= config.sparse_min_extend
+            for seq_len, new in zip(forward_batch.seq_lens_cpu.tolist(), extend_lens, strict=True)
+        )
 
     def release_kv_slots(self, locs: torch.Tensor) -> None:
         """Forget key summaries whose block starts at one of these KV slots (freed or rewritten)."""
