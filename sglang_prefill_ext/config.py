@@ -68,6 +68,20 @@ class PrefillExtConfig:
         True,
         "Keep each full key block's pooled key next to the KV cache so cached prefixes are never rescored.",
     )
+    cascade: bool = _option(
+        False,
+        "Shared-prefix cascade attention (FlashInfer) for extend batches whose requests start with the same "
+        "cached KV: all new tokens attend to the shared prefix in one pass, merged by log-sum-exp with each "
+        "request's own context; chosen per batch by a cost rule, stock attention otherwise.",
+    )
+    cascade_min_shared: int = _option(
+        1024, "Cascade only when at least two requests share at least this many cached prefix tokens."
+    )
+    cascade_min_speedup: float = _option(
+        1.1,
+        "Cascade only when the cost rule (ops/cascade_rule.py, constants measured on the H200) predicts "
+        "at least this attention speed-up over stock; 0 takes cascade for every eligible batch.",
+    )
 
     schedule: str = _option(
         "auto",
