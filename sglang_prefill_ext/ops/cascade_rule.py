@@ -25,22 +25,19 @@ from collections.abc import Sequence
 class CascadeCosts:
     """Per-pass throughputs (TFLOP/s) and fixed costs of both paths on one GPU.
 
-    Where the defaults come from (`DEFAULT_COSTS`): `stock_prefix_tflops` is the one measured
-    number, FlashInfer's paged prefill at page size 1 in the H200 ops run of 2026-11-29
-    (bench/results/2026-11-29-h200-ops.md, "128K, last 8K chunk, FlashInfer paged dense": 535).
-    Every other throughput is set equal to it and both fixed costs are placeholders, so that the
-    model credits cascade with no gain at all until `bench/cascade_bench.py` has measured them on
-    the H200 (it prints a `CascadeCosts(...)` to paste here); with these defaults the rule picks
-    stock for every batch unless `min_speedup` is lowered to 0 or below, which forces cascade.
+    Where the defaults come from (`DEFAULT_COSTS`): fitted by `bench/cascade_bench.py` on the H200
+    on 2026-11-29 (bench/results/2026-11-29-h200-cascade.md: 16x512 over 32K, 32x256 over 64K,
+    8x1K over 16K; bf16, 32/8 heads, head_dim 128, page 1). With them the rule expects ~1.0x for
+    scattered shared slots and ~1.2x when the shared slots are one contiguous run.
     """
 
-    stock_prefix_tflops: float = 535.0  # stock paged pass, new tokens over their cached prefix
-    stock_new_tflops: float = 535.0  # stock ragged causal pass, new tokens over themselves
-    shared_paged_tflops: float = 535.0  # cascade: all new tokens over the shared prefix, paged
-    shared_contiguous_tflops: float = 535.0  # the same over contiguous KV slots, ragged kernel
-    own_tflops: float = 535.0  # cascade: paged causal pass over own remainder + new tokens
-    pass_us: float = 20.0  # fixed cost of one attention pass or merge, per layer (placeholder)
-    plan_ms: float = 2.0  # per forward: shared-prefix search, indices, FlashInfer plans (placeholder)
+    stock_prefix_tflops: float = 518.3  # stock paged pass, new tokens over their cached prefix
+    stock_new_tflops: float = 207.2  # stock ragged causal pass, new tokens over themselves
+    shared_paged_tflops: float = 532.5  # cascade: all new tokens over the shared prefix, paged
+    shared_contiguous_tflops: float = 651.6  # the same over contiguous KV slots, ragged kernel
+    own_tflops: float = 151.1  # cascade: paged causal pass over own remainder + new tokens
+    pass_us: float = 67.5  # fixed cost of one attention pass or merge, per layer
+    plan_ms: float = 1.8  # per forward: shared-prefix search, indices, FlashInfer plans
 
 
 DEFAULT_COSTS = CascadeCosts()
