@@ -85,9 +85,9 @@ class PrefillExtConfig:
 
     schedule: str = _option(
         "auto",
-        "Prefill queue order: 'lpm-aging' (longest cached prefix first, matches refreshed only when the "
-        "tree changed, no queue-length cutoff, requests waiting --prefill-ext-max-wait-passes passes go "
-        "first), 'stock' (SGLang's --schedule-policy), or 'auto' (lpm-aging when --schedule-policy is "
+        "Prefill queue order: 'lpm-aging' (longest cached prefix first, a request re-matched only when the "
+        "node its match ends at got a new child or the tree evicted, no queue-length cutoff, requests "
+        "waiting --prefill-ext-max-wait-passes passes go first), 'stock' (SGLang's --schedule-policy), or 'auto' (lpm-aging when --schedule-policy is "
         "lpm, else stock).",
         SCHEDULES,
     )
