@@ -48,10 +48,11 @@ def validate_server_args(server_args: Any, conflicts: Mapping[str, str]) -> None
         return
     options = config.PrefillExtConfig.from_options(server_args.prefill_ext_options)
     found = [text for name, text in conflicts.items() if getattr(server_args, name, None)]
-    if options.sparse and "flashinfer" not in _attention_backends(server_args):
-        found.append(
-            "--prefill-ext-sparse without --attention-backend flashinfer (the sparse path is FlashInfer's)"
-        )
+    for name, on in (("sparse", options.sparse), ("cascade", options.cascade)):
+        if on and "flashinfer" not in _attention_backends(server_args):
+            found.append(
+                f"--prefill-ext-{name} without --attention-backend flashinfer (the path is FlashInfer's)"
+            )
     if found:
         raise ValueError(f"{config.ENABLE_FLAG} cannot be combined with: {'; '.join(found)}")
 

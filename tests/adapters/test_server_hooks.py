@@ -54,13 +54,13 @@ def test_conflicting_cache_flags_refused(sglang_harness: ModuleType, field: str)
         sglang_harness.parse_server_args("--enable-prefill-ext", *argv)
 
 
-def test_sparse_needs_the_flashinfer_backend(sglang_harness: ModuleType) -> None:
-    with pytest.raises(ValueError, match="--prefill-ext-sparse without --attention-backend flashinfer"):
-        sglang_harness.parse_server_args("--enable-prefill-ext", "--prefill-ext-sparse")
-    args = sglang_harness.parse_server_args(
-        "--enable-prefill-ext", "--prefill-ext-sparse", "--attention-backend", "flashinfer"
-    )
-    assert args.prefill_ext_options == {"sparse": True}
+@pytest.mark.parametrize("path", ["sparse", "cascade"])
+def test_attention_paths_need_the_flashinfer_backend(sglang_harness: ModuleType, path: str) -> None:
+    flag = f"--prefill-ext-{path}"
+    with pytest.raises(ValueError, match=f"{flag} without --attention-backend flashinfer"):
+        sglang_harness.parse_server_args("--enable-prefill-ext", flag)
+    args = sglang_harness.parse_server_args("--enable-prefill-ext", flag, "--attention-backend", "flashinfer")
+    assert args.prefill_ext_options == {path: True}
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

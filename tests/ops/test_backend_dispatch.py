@@ -12,13 +12,13 @@ pytest.importorskip("sglang.srt.layers.attention.flashinfer_backend")
 from sglang.srt.layers.radix_attention import AttentionType  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
-from sglang_prefill_ext.adapters.v0_5_17.attention import SparsePrefillFlashInferBackend  # noqa: E402
+from sglang_prefill_ext.adapters.v0_5_17.attention import PrefillExtFlashInferBackend  # noqa: E402
 from sglang_prefill_ext.config import PrefillExtConfig  # noqa: E402
 from sglang_prefill_ext.ops import BlockLayout  # noqa: E402
 
 
-def _backend(**options) -> SparsePrefillFlashInferBackend:
-    backend = SparsePrefillFlashInferBackend.__new__(SparsePrefillFlashInferBackend)
+def _backend(**options) -> PrefillExtFlashInferBackend:
+    backend = PrefillExtFlashInferBackend.__new__(PrefillExtFlashInferBackend)
     backend.ext_config = PrefillExtConfig.from_options({"sparse": True, "sparse_min_len": 1000, **options})
     backend.dispatch_reason = None
     backend.enable_mis = False
@@ -26,6 +26,7 @@ def _backend(**options) -> SparsePrefillFlashInferBackend:
     backend.flashinfer_kv_cache_dtype = torch.bfloat16
     backend._first_sparse_layer = backend.ext_config.sparse_dense_layers
     backend._sparse_batch = None
+    backend.cascade = None
     return backend
 
 

@@ -32,11 +32,10 @@ from typing import TYPE_CHECKING
 
 import torch
 from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
-from sglang.srt.layers.radix_attention import AttentionType
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 from sglang_prefill_ext.adapters import common
+from sglang_prefill_ext.adapters.v0_5_17.cascade import CascadeExtend, plain_causal_layer, write_kv
 from sglang_prefill_ext.config import OPTIONS_DEST, PrefillExtConfig
 from sglang_prefill_ext.ops import (
     BlockLayout,
@@ -65,8 +64,9 @@ def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
     )
 
 
-class SparsePrefillFlashInferBackend(FlashInferAttnBackend):
-    """Stock FlashInfer backend plus block-sparse attention for long extend batches."""
+class PrefillExtFlashInferBackend(FlashInferAttnBackend):
+    """Stock FlashInfer backend plus block-sparse attention for long extend batches and shared-prefix
+    cascade attention for batches over one cached prefix (sparse takes precedence)."""
 
     def __init__(self, model_runner: ModelRunner, config: PrefillExtConfig, **kwargs) -> None:
         super().__init__(model_runner, **kwargs)
@@ -74,7 +74,7 @@ class SparsePrefillFlashInferBackend(FlashInferAttnBackend):
         pool = self.token_to_kv_pool
         self._first_sparse_layer = pool.start_layer + config.sparse_dense_layers
         summaries = None
-        if config.sparse_summaries:
+        if config.sparse and config.sparse_summaries:
             scoring_layers = (
                 max(1, pool.layer_num - config.sparse_dense_layers) if config.sparse_per_layer else 1
             )
@@ -90,9 +90,15 @@ class SparsePrefillFlashInferBackend(FlashInferAttnBackend):
             sparse_settings(config), BlockSparsePrefill(self.workspace_buffer), summaries
         )
         self._sparse_batch: ForwardBatch | None = None
+        self.cascade = CascadeExtend(self, config) if config.cascade else None
 
     def wants_eager_prefill(self, forward_batch: ForwardBatch) -> bool:
-        """True for the extend batches that take the sparse path (no prefill CUDA graph for them)."""
+        """True for the extend batches that take the sparse or cascade path (no prefill CUDA graph)."""
+        return self._wants_sparse(forward_batch) or (
+            self.cascade is not None and self.cascade.wants(forward_batch)
+        )
+
+    def _wants_sparse(self, forward_batch: ForwardBatch) -> bool:
         config = self.ext_config
         if not (config.sparse and forward_batch.forward_mode in _SPARSE_MODES):
             return False
@@ -126,7 +132,9 @@ class SparsePrefillFlashInferBackend(FlashInferAttnBackend):
             return
         if forward_batch.forward_mode in _SPARSE_MODES and forward_batch.out_cache_loc is not None:
             self.release_kv_slots(forward_batch.out_cache_loc)
-        if not self.wants_eager_prefill(forward_batch):
+        if not self._wants_sparse(forward_batch):
+            if self.cascade is not None:
+                self.cascade.begin(forward_batch)
             return
         layout = BlockLayout.build(
             [int(x) for x in forward_batch.extend_prefix_lens_cpu],
@@ -145,9 +153,7 @@ class SparsePrefillFlashInferBackend(FlashInferAttnBackend):
             forward_batch is self._sparse_batch
             and k is not None
             and layer.layer_id >= self._first_sparse_layer
-            and not layer.is_cross_attention
-            and layer.attn_type != AttentionType.ENCODER_ONLY
-            and layer.sliding_window_size in (None, -1)
+            and plain_causal_layer(layer)
             and q.shape[0] == self.sparse.layout.num_tokens
         )
 
@@ -160,16 +166,12 @@ class SparsePrefillFlashInferBackend(FlashInferAttnBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
+        if self.cascade is not None and self.cascade.runs(q, k, layer, forward_batch):
+            return self.cascade.forward(q, k, v, layer, forward_batch, save_kv_cache)
         if not self._runs_sparse(q, k, layer, forward_batch):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         if save_kv_cache:
-            self.token_to_kv_pool.set_kv_buffer(
-                layer,
-                KVWriteLoc(forward_batch.out_cache_loc, self.forward_metadata.swa_out_cache_loc),
-                k,
-                v,
-                *self._kv_write_scales(layer),
-            )
+            write_kv(self, layer, forward_batch, k, v)
         per_layer = self.ext_config.sparse_per_layer
         k_buffer, v_buffer = self.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         o = self.sparse.forward(
@@ -185,13 +187,13 @@ class SparsePrefillFlashInferBackend(FlashInferAttnBackend):
 
 
 def create_backend(model_runner: ModelRunner) -> FlashInferAttnBackend:
-    """The non-MLA FlashInfer backend: sparse prefill when the extension and `--prefill-ext-sparse`
-    are on, SGLang's own otherwise (the registry's `create_flashinfer_backend` returns this)."""
+    """The non-MLA FlashInfer backend: the extension's when it is on with `--prefill-ext-sparse` or
+    `--prefill-ext-cascade`, SGLang's own otherwise (the registry's `create_flashinfer_backend`)."""
     server_args = model_runner.server_args
     kwargs = {"init_new_workspace": model_runner.init_new_workspace}
     if not common.extension_enabled(server_args):
         return FlashInferAttnBackend(model_runner, **kwargs)
     config = PrefillExtConfig.from_options(getattr(server_args, OPTIONS_DEST, None))
-    if not config.sparse:
+    if not (config.sparse or config.cascade):
         return FlashInferAttnBackend(model_runner, **kwargs)
-    return SparsePrefillFlashInferBackend(model_runner, config, **kwargs)
+    return PrefillExtFlashInferBackend(model_runner, config, **kwargs)
