@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+from types import ModuleType
 
 import pytest
 
 pytest.importorskip("sglang.srt.mem_cache.radix_cache")
 
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
-from sglang.srt.mem_cache.registry import TreeCacheBuildContext  # noqa: E402
-from sglang.srt.server_args import ServerArgs  # noqa: E402
 
-from sglang_prefill_ext.adapters.v0_5_17.radix_cache import PrefillExtRadixCache  # noqa: E402
-from sglang_prefill_ext.adapters.v0_5_17.tree_cache import build_tree_cache  # noqa: E402
+from sglang_prefill_ext import adapters  # noqa: E402
 from sglang_prefill_ext.config import PrefillExtConfig  # noqa: E402
 from sglang_prefill_ext.radix import make_sglang_cache  # noqa: E402
+
+PrefillExtRadixCache = adapters.current("radix_cache").PrefillExtRadixCache
+build_tree_cache = adapters.current("tree_cache").build_tree_cache
 
 
 def cache_params(**overrides: object) -> CacheInitParams:
@@ -25,31 +26,12 @@ def cache_params(**overrides: object) -> CacheInitParams:
     return dataclasses.replace(base, **overrides)
 
 
-def build_context(**overrides: object) -> TreeCacheBuildContext:
-    # Unvalidated ServerArgs: its field defaults, without __post_init__'s model loading.
-    server_args = ServerArgs.__new__(ServerArgs)
-    fields = {
-        "server_args": server_args,
-        "params": cache_params(),
-        "is_hybrid_swa": False,
-        "is_hybrid_ssm": False,
-        "enable_hierarchical_cache": False,
-        "disable_radix_cache": False,
-        "effective_chunked_prefill_size": 8192,
-        "tp_worker": None,
-        "model_config": None,
-        "tp_size": 1,
-        "tp_rank": 0,
-        "tp_group": None,
-    }
-    fields.update(overrides)
-    return TreeCacheBuildContext(**fields)
-
-
 def test_make_sglang_cache_is_a_simulated_adapter() -> None:
     cache = make_sglang_cache(page_size=16, enable_kv_cache_events=True)
     assert isinstance(cache, PrefillExtRadixCache)
-    assert (cache.page_size, cache.enable_kv_cache_events, cache.total_size()) == (16, True, 0)
+    assert (cache.page_size, cache.total_size()) == (16, 0)
+    # Events are on: the construction's reset is reported, as stock reports it.
+    assert [type(event).__name__ for event in cache.take_events()] == ["AllBlocksCleared"]
 
 
 def test_eagle_bigram_keys_are_refused_by_name() -> None:
@@ -77,15 +59,20 @@ def test_config_eviction_overrides_sglang_policy() -> None:
         ({"disable_radix_cache": True}, "--disable-radix-cache"),
     ],
 )
-def test_build_refuses_other_cache_kinds(overrides: dict, named: str) -> None:
+def test_build_refuses_other_cache_kinds(sglang_harness: ModuleType, overrides: dict, named: str) -> None:
+    context = sglang_harness.tree_cache_context(sglang_harness.parse_server_args(), **overrides)
     with pytest.raises(ValueError, match=named):
-        build_tree_cache(build_context(**overrides))
-
-
-def test_build_reads_prefill_ext_options() -> None:
-    context = build_context()
-    context.server_args.prefill_ext_options = {"eviction": "fifo"}
-    assert build_tree_cache(context).tree.eviction == "fifo"
-    context.server_args.enable_lmcache = True
-    with pytest.raises(ValueError, match="--enable-lmcache"):
         build_tree_cache(context)
+
+
+def test_build_reads_prefill_ext_options(sglang_harness: ModuleType) -> None:
+    server_args = sglang_harness.parse_server_args("--enable-prefill-ext", "--prefill-ext-eviction", "fifo")
+    assert build_tree_cache(sglang_harness.tree_cache_context(server_args)).tree.eviction == "fifo"
+
+
+def test_build_refuses_lmcache(sglang_harness: ModuleType) -> None:
+    # Without --enable-prefill-ext, which server-args validation refuses beside --enable-lmcache: the
+    # builder must refuse it on its own.
+    server_args = sglang_harness.parse_server_args("--enable-lmcache")
+    with pytest.raises(ValueError, match="--enable-lmcache"):
+        build_tree_cache(sglang_harness.tree_cache_context(server_args))

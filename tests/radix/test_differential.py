@@ -1,12 +1,14 @@
-"""The same random operations on stock SGLang 0.5.17 RadixCache and on PrefillExtRadixCache.
+"""The same random operations on the installed SGLang's stock RadixCache and on PrefillExtRadixCache.
 
 Both sit on real CPU KV allocators; every step must agree on matched slots, insert prefix lengths,
-lock deltas, sizes, KV events, and the exact slots (in order) handed back to the allocator.
+lock deltas, sizes, KV events, and the exact slots (in order) handed back to the allocator. Keys,
+matched slots, namespaces and KV-event settings come from the version's `testing` harness
+(`adapters.current("testing")`; SGLang is patched at session start, before this module imports).
 """
 
 from __future__ import annotations
 
-from array import array
+from typing import Any
 
 import pytest
 import torch
@@ -23,14 +25,21 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     MatchPrefixParams,
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
 
-from sglang_prefill_ext.adapters.v0_5_17.radix_cache import PrefillExtRadixCache  # noqa: E402
+from sglang_prefill_ext import adapters  # noqa: E402
 from tests.radix.profiles import StepCounter, machine_settings  # noqa: E402
-from tests.radix.strategies import NAMESPACES, PICKS, TOKENS, grow_key  # noqa: E402
+from tests.radix.strategies import PICKS, TOKENS, grow_key  # noqa: E402
+
+HARNESS = adapters.current("testing")
+PrefillExtRadixCache = adapters.current("radix_cache").PrefillExtRadixCache
 
 POOL_TOKENS = 4096
 STOCK_POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority"]
+# (extra_key, cache_salt); the salted ones only where the version's keys have a salt.
+NAMESPACES = st.sampled_from(
+    [(None, None), ("lora-a", None)]
+    + ([(None, "salt-1"), ("lora-a", "salt-1")] if HARNESS.SUPPORTS_CACHE_SALT else [])
+)
 
 
 def make_allocator(page_size: int) -> TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator:
@@ -45,9 +54,11 @@ class WaitingRequest:
 
 class DifferentialMachine(RuleBasedStateMachine):
     @initialize(
-        page_size=st.sampled_from([1, 4]), policy=st.sampled_from(STOCK_POLICIES), events=st.booleans()
+        page_size=st.sampled_from([1, 4]),
+        policy=st.sampled_from(STOCK_POLICIES),
+        events=st.sampled_from(HARNESS.kv_event_options()),
     )
-    def setup(self, page_size: int, policy: str, events: bool) -> None:
+    def setup(self, page_size: int, policy: str, events: dict[str, Any]) -> None:
         def params() -> CacheInitParams:
             return CacheInitParams(
                 disable=False,
@@ -55,25 +66,29 @@ class DifferentialMachine(RuleBasedStateMachine):
                 token_to_kv_pool_allocator=make_allocator(page_size),
                 page_size=page_size,
                 eviction_policy=policy,
-                enable_kv_cache_events=events,
+                **events,
             )
 
-        self.caches = (RadixCache(params()), PrefillExtRadixCache(params()))
+        self.caches = (HARNESS.STOCK_RADIX_CACHE(params()), PrefillExtRadixCache(params()))
         self.page_size = page_size
-        self.keys: list[tuple[object, list[int]]] = []
+        self.keys: list[tuple[tuple[str | None, str | None], list[int]]] = []
         self.requests = [WaitingRequest() for _ in range(3)]
         self.last_nodes: tuple | None = None
         self.locks: list[tuple] = []
 
-    def _key(self, namespace: object, tokens: list[int]) -> RadixKey:
-        return RadixKey(array("q", tokens), namespace)
+    def _key(self, namespace: tuple[str | None, str | None], tokens: list[int]) -> Any:
+        return HARNESS.radix_key(tokens, *namespace)
 
-    def _match_both(self, namespace: object, tokens: list[int], request: object | None = None) -> tuple:
+    def _match_both(
+        self, namespace: tuple[str | None, str | None], tokens: list[int], request: object | None = None
+    ) -> torch.Tensor:
         results = [
             cache.match_prefix(MatchPrefixParams(key=self._key(namespace, tokens), req=request))
             for cache in self.caches
         ]
-        stock, ours = (result.device_indices for result in results)
+        stock, ours = (
+            HARNESS.matched_indices(cache, result) for cache, result in zip(self.caches, results, strict=True)
+        )
         assert torch.equal(stock, ours), (stock, ours)
         self.last_nodes = tuple(result.last_device_node for result in results)
         return stock
@@ -87,7 +102,13 @@ class DifferentialMachine(RuleBasedStateMachine):
         reuse_prefix=st.booleans(),
     )
     def insert(
-        self, namespace: object, tail: list[int], pick: int, extend: bool, priority: int, reuse_prefix: bool
+        self,
+        namespace: tuple[str | None, str | None],
+        tail: list[int],
+        pick: int,
+        extend: bool,
+        priority: int,
+        reuse_prefix: bool,
     ) -> None:
         """Like a finished request: reuse the matched prefix (or not), allocate the rest, insert, free dups."""
         namespace, tokens = grow_key(self.keys, pick, extend, namespace, tail)
@@ -99,7 +120,8 @@ class DifferentialMachine(RuleBasedStateMachine):
             fresh = allocator.alloc(aligned - matched)
             if fresh is None:
                 return
-            reused = cache.match_prefix(MatchPrefixParams(key=self._key(namespace, tokens))).device_indices
+            match = cache.match_prefix(MatchPrefixParams(key=self._key(namespace, tokens)))
+            reused = HARNESS.matched_indices(cache, match)
             value = torch.cat([reused[:matched], fresh])
             result = cache.insert(
                 InsertParams(key=self._key(namespace, tokens), value=value, priority=priority)
@@ -119,7 +141,14 @@ class DifferentialMachine(RuleBasedStateMachine):
         extend=st.booleans(),
         request=st.sampled_from([None, 0, 1, 2]),
     )
-    def match(self, namespace: object, tail: list[int], pick: int, extend: bool, request: int | None) -> None:
+    def match(
+        self,
+        namespace: tuple[str | None, str | None],
+        tail: list[int],
+        pick: int,
+        extend: bool,
+        request: int | None,
+    ) -> None:
         namespace, tokens = grow_key(self.keys, pick, extend, namespace, tail)
         self._match_both(namespace, tokens, None if request is None else self.requests[request])
         StepCounter.count("differential")

@@ -29,13 +29,19 @@ def parse_server_args(*argv: str) -> ServerArgs:
     return cli_server_args(*argv)
 
 
+def tree_cache_context(
+    server_args: ServerArgs, page_size: int = 1, **overrides: Any
+) -> TreeCacheBuildContext:
+    """The scheduler's `TreeCacheBuildContext` for a plain model over real CPU pools; `overrides`
+    replace fields (e.g. `is_hybrid_swa=True`)."""
+    fields = tree_cache_context_args(server_args, page_size)
+    fields["effective_chunked_prefill_size"] = server_args.chunked_prefill_size
+    return TreeCacheBuildContext(**{**fields, **overrides})
+
+
 def build_tree_cache(server_args: ServerArgs, page_size: int = 1) -> BasePrefixCache:
     """Run SGLang's own `create_tree_cache` over real CPU pools, as the scheduler does."""
-    ctx = TreeCacheBuildContext(
-        **tree_cache_context_args(server_args, page_size),
-        effective_chunked_prefill_size=server_args.chunked_prefill_size,
-    )
-    return create_tree_cache(ctx)
+    return create_tree_cache(tree_cache_context(server_args, page_size))
 
 
 SUPPORTS_CACHE_SALT = False
@@ -50,3 +56,8 @@ def radix_key(tokens: Iterable[int], extra_key: str | None = None, cache_salt: s
 def matched_indices(cache: Any, result: MatchResult) -> torch.Tensor:
     """The KV slots a `match_prefix` result covers."""
     return result.device_indices
+
+
+def kv_event_options() -> list[dict[str, Any]]:
+    """`CacheInitParams` KV-event settings a differential test runs stock and the extension under."""
+    return [{"enable_kv_cache_events": False}, {"enable_kv_cache_events": True}]

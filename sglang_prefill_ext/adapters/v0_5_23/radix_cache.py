@@ -1,7 +1,7 @@
 """SGLang 0.5.23 drop-in for `RadixCache`, backed by the version-free `PrefixTree`.
 
-Same parameter and result types as 0.5.23's stock cache, and the same KV slot accounting. What
-0.5.23 changed against 0.5.17, and where this adapter follows it:
+Same parameter and result types as 0.5.23's stock cache, the same KV slot accounting and the same KV
+events. What 0.5.23 changed against 0.5.17, and where this adapter follows it:
 
 - `RadixKey.cache_salt` namespaces the tree like `extra_key`: the core's namespace is
   `extra_key`, or `(extra_key, cache_salt)` when a salt is set;
@@ -9,35 +9,33 @@ Same parameter and result types as 0.5.23's stock cache, and the same KV slot ac
 - `InsertParams.inserted_len` replaces `chunked`: what a request inserted before is not a reuse;
 - a running or finishing request is cached by `checkpoint(req, up_to=...)` on `req.kv` (the
   scheduler's `release_kv_cache` frees the row and unlocks `req.lock`), with the prompt boundary
-  split off so eviction can drop the output KV first; `on_release` forgets the request.
+  split off so eviction can drop the output KV first; `on_release` forgets the request;
+- KV events come from stock's own `KVCacheEventRecorder`, which reads a node's `key`, `parent` and
+  cached `hash_value` / `event_hash_value`: each tree node gets an `EventNode` that shows it so.
 
-Sizes, locks, eviction and debug views are shared with 0.5.17 (`adapters.tree_backed`).
+Set-up, match, insert, sizes, locks, eviction and debug views are shared with 0.5.17
+(`adapters.tree_backed`).
 """
 
 from __future__ import annotations
 
-import weakref
+from array import array
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 import torch
-from sglang.srt.mem_cache.base_prefix_cache import (
-    BasePrefixCache,
-    InsertParams,
-    InsertResult,
-    MatchPrefixParams,
-    MatchResult,
-)
+from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache, InsertParams, MatchResult
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.events import KVCacheEventRecorder
 from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.utils import split_node_hash_value
 
-from sglang_prefill_ext.adapters import tree_backed
-from sglang_prefill_ext.adapters.tree_backed import PrefixTreeCacheMixin, TorchValues, pool_device
+from sglang_prefill_ext.adapters.tree_backed import PrefixTreeCacheMixin
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.radix.handle import MatchHandle
+from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.query import Query
 from sglang_prefill_ext.radix.tokens import as_token_array
-from sglang_prefill_ext.radix.tree import PrefixTree
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -45,90 +43,86 @@ if TYPE_CHECKING:
 _MAX_PRIORITY = torch.iinfo(torch.int64).max
 
 
-def unsupported_modes(params: CacheInitParams) -> list[str]:
-    """The modes in `params` this cache cannot serve, by name (empty when all is well)."""
-    modes = tree_backed.unsupported_modes(params)
-    if params.enable_kv_cache_events:
-        modes.append("KV cache events (not yet ported to 0.5.23's KVCacheEventRecorder)")
-    return modes
-
-
 def namespace(extra_key: str | None, cache_salt: str | None) -> Hashable:
     """The core's namespace for a 0.5.23 key: `extra_key`, paired with `cache_salt` when salted."""
     return extra_key if cache_salt is None else (extra_key, cache_salt)
 
 
+def key_parts(space: Hashable) -> tuple[str | None, str | None]:
+    """`(extra_key, cache_salt)` of a namespace made by `namespace`."""
+    return space if isinstance(space, tuple) else (space, None)  # type: ignore[return-value]
+
+
+class EventNode:
+    """A prefix-tree node as 0.5.23's `KVCacheEventRecorder` reads a stock `TreeNode`.
+
+    `key` is the node's tokens as a `RadixKey` in its namespace, `parent` the parent's `EventNode`
+    (None above the root), and the recorder caches the page hashes in `hash_value` /
+    `event_hash_value`; on a split they are cut as stock cuts them (`PrefillExtRadixCache._split_event_nodes`).
+    """
+
+    __slots__ = ("node", "key", "hash_value", "event_hash_value")
+
+    def __init__(
+        self, node: Node, hash_value: list[str] | None = None, event_hash_value: list[str] | None = None
+    ) -> None:
+        tokens = array("q")
+        tokens.frombytes(node.tokens)
+        extra_key, cache_salt = key_parts(node.namespace)
+        self.node = node
+        self.key = RadixKey(tokens, extra_key, cache_salt=cache_salt)
+        # Stock's root has an empty hash list: its children chain from no prior hash.
+        self.hash_value = [] if node.parent is None else hash_value
+        self.event_hash_value = event_hash_value
+
+    @property
+    def parent(self) -> EventNode | None:
+        return None if self.node.parent is None else event_node(self.node.parent)
+
+
+def event_node(node: Node) -> EventNode:
+    """`node`'s `EventNode`, kept in `node.meta`."""
+    if node.meta is None:
+        node.meta = EventNode(node)
+    return node.meta
+
+
 class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
     def __init__(self, params: CacheInitParams, config: PrefillExtConfig | None = None) -> None:
-        refused = unsupported_modes(params)
-        if refused:
-            raise ValueError(f"sglang-prefill-ext prefix tree does not support: {'; '.join(refused)}")
-        self.disable = params.disable
-        self.req_to_token_pool = params.req_to_token_pool
-        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
-        self.page_size = params.page_size
-        self.is_eagle = False
-        self.eviction_policy = ((config and config.eviction) or params.eviction_policy).lower()
-        if params.enable_metrics:
-            self.init_metrics_collector()
-        self.device = pool_device(self.token_to_kv_pool_allocator)
-        self.tree = PrefixTree(
-            page_size=self.page_size, eviction=self.eviction_policy, values=TorchValues(self.device)
+        # As stock: a disabled tree holds nothing, so it reports no KV events.
+        self.kv_events = KVCacheEventRecorder(
+            enabled=params.enable_kv_cache_events and not params.disable,
+            page_size=params.page_size,
+            dynamo_format=params.dynamo_kv_event_format,
+            lora_names=params.kv_event_lora_names,
         )
-        self._handles: weakref.WeakKeyDictionary[Req, MatchHandle] = weakref.WeakKeyDictionary()
+        self._setup(params, config, self._split_event_nodes if self.kv_events.enabled else None)
         self.reset()
-
-    @classmethod
-    def create_simulated(
-        cls, disable: bool = False, mock_allocator: Any | None = None, page_size: int = 1
-    ) -> PrefillExtRadixCache:
-        """A cache without memory pools, for simulation and tests (stock's keywords, no KV events)."""
-        params = CacheInitParams(
-            disable=disable,
-            req_to_token_pool=None,
-            token_to_kv_pool_allocator=mock_allocator,
-            page_size=page_size,
-        )
-        return cls(params)
-
-    def reset(self) -> None:
-        self.tree.reset()
-        self._handles.clear()
 
     def supports_prefix_sharing(self) -> bool:
         return not self.disable
 
-    # ----- keys -----
+    # ----- 0.5.23's keys and results -----
 
-    def _query(self, key: RadixKey) -> Query:
-        if key.is_bigram:
-            raise ValueError("sglang-prefill-ext prefix tree does not support bigram (EAGLE) radix keys")
-        return self.tree.query(
-            as_token_array(key.token_ids, len(key)), namespace(key.extra_key, key.cache_salt)
-        )
+    def _namespace(self, key: RadixKey) -> Hashable:
+        return namespace(key.extra_key, key.cache_salt)
 
     def _req_query(self, req: Req, token_ids: Any, length: int) -> Query:
         return self.tree.query(as_token_array(token_ids, length), namespace(req.extra_key, req.cache_salt))
 
-    def _match_result(self, length: int, node: Any) -> MatchResult:
+    def _match_result(self, handle: MatchHandle | None) -> MatchResult:
+        node = self.tree.root if handle is None else handle.node
         return MatchResult(
-            device_prefix_len=length, last_device_node=node, last_host_node=node, best_match_node=node
+            device_prefix_len=0 if handle is None else handle.length,
+            last_device_node=node,
+            last_host_node=node,
+            best_match_node=node,
         )
 
-    # ----- match and insert -----
-
-    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
-        """Longest cached prefix of `params.key`; with `params.req`, extends that request's last match."""
-        if self.disable or len(params.key) == 0:
-            return self._match_result(0, self.tree.root)
-        query = self._query(params.key)
-        if query.length == 0:
-            return self._match_result(0, self.tree.root)
-        req = params.req
-        handle = self.tree.match(query, self._handles.get(req) if req is not None else None)
-        if req is not None:
-            self._handles[req] = handle
-        return self._match_result(handle.length, handle.node)
+    def _is_reinsert(self, params: InsertParams) -> bool:
+        # 0.5.23 counts no reuse on what the same request inserted before (inserted_len); the core's
+        # `chunked` is the closest: a request re-inserting its own earlier part is not a hit.
+        return params.inserted_len > 0
 
     def touch_prefix(self, key: RadixKey) -> None:
         """Refresh recency along `key`'s cached path, as a match does, without returning anything."""
@@ -138,19 +132,26 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         if query.length:
             self.tree.match(query)
 
-    def insert(self, params: InsertParams) -> InsertResult:
-        if self.disable:
-            return InsertResult(prefix_len=0)
-        query = self._query(params.key)
-        if params.value is not None:
-            value = params.value[: query.length]
-        else:
-            # Debug/test fallback, as stock: the token ids stand in for slots.
-            value = torch.tensor(query.tokens, dtype=torch.int64)
-        # 0.5.23 counts no reuse on what the same request inserted before (inserted_len); the core's
-        # `chunked` is the closest: a request re-inserting its own earlier part is not a hit.
-        outcome = self.tree.insert(query, value, params.priority or 0, chunked=params.inserted_len > 0)
-        return InsertResult(prefix_len=outcome.prefix_len, last_device_node=outcome.last_node)
+    # ----- KV events, recorded by stock's recorder -----
+
+    def _split_event_nodes(self, prefix: Node, tail: Node) -> None:
+        if tail.meta is not None:
+            old = tail.meta
+            hashes = split_node_hash_value(old.hash_value, prefix.size, self.page_size)
+            event_hashes = split_node_hash_value(old.event_hash_value, prefix.size, self.page_size)
+            prefix.meta = EventNode(prefix, hashes[0], event_hashes[0])
+            tail.meta = EventNode(tail, hashes[1], event_hashes[1])
+
+    def _on_stored(self, node: Node) -> None:
+        if self.kv_events.enabled:
+            self.kv_events.record_store(event_node(node))
+
+    def _on_evicted(self, node: Node) -> None:
+        if self.kv_events.enabled:
+            self.kv_events.record_remove(event_node(node))
+
+    def _on_cleared(self) -> None:
+        self.kv_events.record_all_cleared()
 
     # ----- requests -----
 
@@ -170,25 +171,19 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         key_len = query.length
         values = kv_indices[:key_len].to(dtype=torch.int64, copy=True)
         priority = req.priority or 0
-        prefix_len = self.tree.insert(query, values, priority, chunked=kv.cache_inserted_len > 0).prefix_len
+        prefix_len = self._insert(query, values, priority, kv.cache_inserted_len > 0).prefix_len
         kv.cache_inserted_len = max(kv.cache_inserted_len, key_len)
         # Split the leaf at the prompt boundary so eviction can drop the output KV without the
         # prompt; re-inserting a prefix only changes the topology.
         prompt = self._req_query(req, token_ids, min(len(req.origin_input_ids), len(token_ids)))
         if 0 < prompt.length < key_len:
-            self.tree.insert(prompt, values, min(priority + 1, _MAX_PRIORITY), chunked=True)
+            self._insert(prompt, values, min(priority + 1, _MAX_PRIORITY), True)
         self.token_to_kv_pool_allocator.free_segment(
             kv_indices[kv.cache_protected_len : prefix_len], start_pos=kv.cache_protected_len
         )
 
-        handle = self.tree.match(query, self._handles.get(req))
-        self._handles[req] = handle
+        handle = self._repoint_row(req, query, kv.req_pool_idx, kv.cache_protected_len)
         new_indices = handle.values
-        assert len(new_indices) == key_len, f"{len(new_indices)=}, {key_len=}"
-        self.req_to_token_pool.write(
-            (kv.req_pool_idx, slice(kv.cache_protected_len, len(new_indices))),
-            new_indices[kv.cache_protected_len :],
-        )
         # Page size > 1: the unaligned tail stays in the row but not in the tree; cache_protected_len
         # marks the tree-owned part so the next checkpoint or release_kv_cache frees the rest.
         kv.cache_protected_len = len(new_indices)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult
+from sglang.srt.mem_cache.events import LoRANameTable
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -36,11 +37,18 @@ def parse_server_args(*argv: str) -> ServerArgs:
     return server_args
 
 
-def build_tree_cache(server_args: ServerArgs, page_size: int = 1) -> BasePrefixCache:
-    """Publish `server_args`, then run SGLang's own `create_tree_cache` over real CPU pools."""
+def tree_cache_context(
+    server_args: ServerArgs, page_size: int = 1, **overrides: Any
+) -> TreeCacheBuildContext:
+    """Publish `server_args` (the chain reads them from there), then the scheduler's
+    `TreeCacheBuildContext` for a plain model over real CPU pools; `overrides` replace fields."""
     publish(server_args, role="scheduler")
-    ctx = TreeCacheBuildContext(**tree_cache_context_args(server_args, page_size))
-    return create_tree_cache(ctx)
+    return TreeCacheBuildContext(**{**tree_cache_context_args(server_args, page_size), **overrides})
+
+
+def build_tree_cache(server_args: ServerArgs, page_size: int = 1) -> BasePrefixCache:
+    """Run SGLang's own `create_tree_cache` over real CPU pools, as the scheduler does."""
+    return create_tree_cache(tree_cache_context(server_args, page_size))
 
 
 SUPPORTS_CACHE_SALT = True
@@ -53,3 +61,17 @@ def radix_key(tokens: Iterable[int], extra_key: str | None = None, cache_salt: s
 def matched_indices(cache: Any, result: MatchResult) -> torch.Tensor:
     """The KV slots a `match_prefix` result covers (0.5.23 returns only their count)."""
     return cache.path_device_indices(result.last_device_node)[: result.device_prefix_len]
+
+
+def kv_event_options() -> list[dict[str, Any]]:
+    """`CacheInitParams` KV-event settings a differential test runs stock and the extension under:
+    off, on, on with extra_key "lora-a" named as a LoRA adapter (its events then carry the name and
+    a namespaced hash), and Dynamo's event format (namespaced by extra_key and cache_salt)."""
+    lora_names = LoRANameTable()
+    lora_names.register(lora_id="lora-a", lora_name="adapter-a")
+    return [
+        {"enable_kv_cache_events": False},
+        {"enable_kv_cache_events": True},
+        {"enable_kv_cache_events": True, "kv_event_lora_names": lora_names},
+        {"enable_kv_cache_events": True, "dynamo_kv_event_format": True},
+    ]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from sglang.srt.mem_cache.registry import TreeCacheBuildContext
 from sglang.srt.runtime_context import get_disagg, get_memory
 
+from sglang_prefill_ext.adapters.tree_backed import build_checked
 from sglang_prefill_ext.adapters.v0_5_23.radix_cache import PrefillExtRadixCache
-from sglang_prefill_ext.config import PrefillExtConfig
 
 
 def refused_settings(ctx: TreeCacheBuildContext) -> list[str]:
@@ -38,11 +38,4 @@ def refused_settings(ctx: TreeCacheBuildContext) -> list[str]:
 
 
 def build_tree_cache(ctx: TreeCacheBuildContext) -> PrefillExtRadixCache:
-    refused = refused_settings(ctx)
-    if refused:
-        raise ValueError(
-            "--enable-prefill-ext replaces SGLang's tree cache and cannot be combined with: "
-            + "; ".join(refused)
-        )
-    config = PrefillExtConfig.from_options(getattr(ctx.server_args, "prefill_ext_options", None))
-    return PrefillExtRadixCache(ctx.params, config)
+    return build_checked(PrefillExtRadixCache, ctx, refused_settings(ctx))
