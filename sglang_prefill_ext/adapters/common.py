@@ -39,14 +39,23 @@ def extension_enabled(server_args: Any) -> bool:
     return bool(getattr(server_args, "enable_prefill_ext", False))
 
 
-def validate_server_args(server_args: Any, conflicts: Mapping[str, str]) -> None:
-    """Refuse, before any model loads, a configuration the extension cannot serve correctly."""
+def validate_server_args(
+    server_args: Any, conflicts: Mapping[str, str], ported: frozenset[str] | None, version: str
+) -> None:
+    """Refuse, before any model loads, a configuration the extension cannot serve correctly.
+
+    `ported` names the options this SGLang version's hooks serve (None: all of them).
+    """
     if not server_args.enable_prefill_ext:
         if server_args.prefill_ext_options:
             flags = ", ".join(f"--prefill-ext-{k.replace('_', '-')}" for k in server_args.prefill_ext_options)
             raise ValueError(f"{flags} given without {config.ENABLE_FLAG}")
         return
     options = config.PrefillExtConfig.from_options(server_args.prefill_ext_options)
+    unported = sorted(set(server_args.prefill_ext_options or ()) - ported) if ported is not None else []
+    if unported:
+        flags = ", ".join(f"--prefill-ext-{name.replace('_', '-')}" for name in unported)
+        raise ValueError(f"{flags}: not available on SGLang {version} yet")
     found = [text for name, text in conflicts.items() if getattr(server_args, name, None)]
     for name, on in (("sparse", options.sparse), ("cascade", options.cascade)):
         if on and "flashinfer" not in _attention_backends(server_args):

@@ -54,8 +54,29 @@ def test_conflicting_cache_flags_refused(sglang_harness: ModuleType, field: str)
         sglang_harness.parse_server_args("--enable-prefill-ext", *argv)
 
 
+PORTED = adapters.current("hooks").PORTED_OPTIONS
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("sparse", "true"), ("cascade", "true"), ("dedup", "false"), ("schedule", "stock"), ("log", "x.jsonl")],
+)
+def test_options_not_ported_to_this_version_refused(
+    sglang_harness: ModuleType, option: str, value: str
+) -> None:
+    if PORTED is None or option in PORTED:
+        pytest.skip(f"--prefill-ext-{option} is served by this SGLang version")
+    flag = f"--prefill-ext-{option}"
+    with pytest.raises(ValueError, match=f"{flag}: not available on SGLang"):
+        sglang_harness.parse_server_args(
+            "--enable-prefill-ext", flag, value, "--attention-backend", "flashinfer"
+        )
+
+
 @pytest.mark.parametrize("path", ["sparse", "cascade"])
 def test_attention_paths_need_the_flashinfer_backend(sglang_harness: ModuleType, path: str) -> None:
+    if PORTED is not None and path not in PORTED:
+        pytest.skip(f"--prefill-ext-{path} is not served by this SGLang version")
     flag = f"--prefill-ext-{path}"
     with pytest.raises(ValueError, match=f"{flag} without --attention-backend flashinfer"):
         sglang_harness.parse_server_args("--enable-prefill-ext", flag)

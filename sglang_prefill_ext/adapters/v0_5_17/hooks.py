@@ -22,13 +22,14 @@ if TYPE_CHECKING:
 add_cli_args = common.add_cli_args
 extension_enabled = common.extension_enabled
 
-# 0.5.17 adds no conflicts of its own to the common ones.
+# 0.5.17 adds no conflicts of its own to the common ones, and serves every option.
 CONFLICTING_FLAGS = common.conflicting_flags()
+PORTED_OPTIONS = None
 
 
 def validate_server_args(server_args: ServerArgs) -> None:
     """Refuse, before any model loads, a configuration the extension cannot serve correctly."""
-    common.validate_server_args(server_args, CONFLICTING_FLAGS)
+    common.validate_server_args(server_args, CONFLICTING_FLAGS, PORTED_OPTIONS, "0.5.17")
 
 
 def build_tree_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:

@@ -32,9 +32,13 @@ CONFLICTING_FLAGS = common.conflicting_flags(
 )
 
 
+# Options whose code (runner, attention backend) is hooked into 0.5.17 only so far.
+PORTED_OPTIONS = frozenset({"eviction"})
+
+
 def validate_server_args(server_args: ServerArgs) -> None:
     """Refuse, before any model loads, a configuration the extension cannot serve correctly."""
-    common.validate_server_args(server_args, CONFLICTING_FLAGS)
+    common.validate_server_args(server_args, CONFLICTING_FLAGS, PORTED_OPTIONS, "0.5.23")
 
 
 def build_tree_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
