@@ -24,8 +24,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 # CPU suite against the real SGLang in $(VENV); GPU tests skip without CUDA.
+# SGLang builds a torch C++ extension at first use; one build folder per venv, so two versions
+# never share (or wait on each other's) build locks.
 test: setup lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch-extensions $(PY) -m pytest -q $(PYTEST_ARGS)
 
 apply revert check status: setup
 	$(PATCH) $@

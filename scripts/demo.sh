@@ -18,6 +18,8 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
   INSTALL=0 VARIANTS=${VARIANTS:-"stock ext"} WORKLOADS=${WORKLOADS:-baseline,burst} PRESSURE=${PRESSURE:-0} \
     PY=$PY bash bench/gpu/run_ab.sh
 else
-  echo "== no CUDA: replaying workloads through stock SGLang and the extension on the CPU"
-  "$PY" bench/radix_bench.py --quick
+  echo "== no CUDA: the same request traces through stock SGLang's scheduler and the extension's (CPU)"
+  "$PY" bench/schedule_replay.py --lpm-waiting 128
+  echo "== stock RadixCache vs the extension's prefix tree (CPU)"
+  "$PY" bench/radix_bench.py --lengths 8192 131072 --pages 1 16 --repeat 1
 fi
