@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Hashable, MutableSequence, Sequence
+from collections.abc import Callable, Hashable, Mapping, MutableSequence, Sequence
+from types import MappingProxyType
 
 from sglang_prefill_ext.runner.inflight import Flight, InflightRegistry, Position
 from sglang_prefill_ext.runner.waiting import WaitState, lpm_aging_key
@@ -61,6 +62,10 @@ class PrefillRunner:
         if state is None:
             state = self._states[item] = WaitState(next(self._arrivals))
         return state
+
+    def waiting_states(self) -> Mapping[Hashable, WaitState]:
+        """Read-only: what the runner keeps for each request waiting at the last `begin_pass`."""
+        return MappingProxyType(self._states)
 
     def deduped_tokens(self, item: Hashable) -> int:
         """In-flight tokens `item` waited for (0 if it never waited), while it is still tracked."""

@@ -14,12 +14,17 @@ from sglang_prefill_ext.patching import PatchSet
 REPLAY_PATH = Path(__file__).resolve().parents[2] / "bench" / "schedule_replay.py"
 
 
-@pytest.fixture(scope="session")
-def replay(patched_sglang: PatchSet, sglang_version: str) -> ModuleType:
-    if sglang_version != "0.5.17":
-        pytest.skip(f"the schedule replay drives SGLang 0.5.17's scheduler, not {sglang_version}")
+def load_replay() -> ModuleType:
+    """Import bench/schedule_replay.py (SGLang must already be patched)."""
     spec = importlib.util.spec_from_file_location("schedule_replay", REPLAY_PATH)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve annotations through it
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def replay(patched_sglang: PatchSet, sglang_version: str) -> ModuleType:
+    if sglang_version != "0.5.17":
+        pytest.skip(f"the schedule replay drives SGLang 0.5.17's scheduler, not {sglang_version}")
+    return load_replay()
