@@ -182,6 +182,26 @@ def test_request_log_has_one_line_per_request(replay: ModuleType, tmp_path) -> N
     assert all(r["ttft_ms"] >= r["queue_ms"] >= 0 for r in finished)
 
 
+@pytest.mark.parametrize(
+    ("rank", "writes"), [({}, True), ({"attn_tp_rank": 1}, False), ({"pp_rank": 1}, False)]
+)
+def test_only_the_first_parallel_rank_writes_the_request_log(
+    replay: ModuleType, tmp_path, rank: dict[str, int], writes: bool
+) -> None:
+    from sglang.srt.distributed.parallel_state_wrapper import ParallelState
+
+    from sglang_prefill_ext.adapters.v0_5_17 import scheduler as adapter
+
+    log = tmp_path / "requests.jsonl"
+    replayed = replay.ReplayScheduler(
+        replay.ReplayConfig(ext=True, pool_tokens=POOL, extra_args=("--prefill-ext-log", str(log)))
+    )
+    replayed.scheduler.ps = ParallelState.trivial(**rank)
+    runner = adapter.build(replayed.scheduler)
+    assert (runner.log is not None) is writes
+    assert (adapter.REQUEST_LOG is runner) is writes
+
+
 def test_prometheus_counters_count_hits_and_dedup(replay: ModuleType) -> None:
     from prometheus_client import REGISTRY
 

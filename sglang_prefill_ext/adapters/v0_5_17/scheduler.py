@@ -18,6 +18,7 @@ module while SGLang's own modules are still loading.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import TYPE_CHECKING
 
@@ -166,6 +167,14 @@ class PrefillExtScheduler:
         )
 
 
+def _owns_request_log(scheduler: Scheduler) -> bool:
+    """Every TP / PP / CP rank schedules the same requests: one of them writes `--prefill-ext-log`.
+
+    A scheduler without parallel state (a single-process replay) is its own only rank."""
+    ps = getattr(scheduler, "ps", None)
+    return ps is None or (ps.attn_tp_rank == 0 and ps.pp_rank == 0 and ps.attn_cp_rank == 0)
+
+
 def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
     """The scheduler's runner under `--enable-prefill-ext`, else None (stock scheduling)."""
     global REQUEST_LOG
@@ -174,6 +183,8 @@ def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
     if not getattr(server_args, "enable_prefill_ext", False):
         return None
     config = PrefillExtConfig.from_options(server_args.prefill_ext_options)
+    if not _owns_request_log(scheduler):
+        config = dataclasses.replace(config, log=None)
     runner = PrefillExtScheduler(
         scheduler.policy,
         scheduler.tree_cache,
