@@ -79,6 +79,8 @@ if [ "$INSTALL" != 0 ] && [ -f "$JIT_TARBALL" ]; then
   if [ ! -d "$JIT/flashinfer-aot" ]; then
     log "unpacking the kernel cache to $JIT"
     mkdir -p "$JIT" && tar -C "$JIT" -xzf "$JIT_TARBALL"
+    # Triton kernels of the sparse path, as bench/gpu/run_ops.sh packs them (relative to $JIT).
+    if [ -f "$REPO/.gpu/triton-ops-cache.tgz" ]; then tar -C "$JIT" -xzf "$REPO/.gpu/triton-ops-cache.tgz"; fi
   fi
   mkdir -p "$SGLANG_DIR/flashinfer/data/aot" && cp -r "$JIT/flashinfer-aot/." "$SGLANG_DIR/flashinfer/data/aot/"
   export TVM_FFI_CACHE_DIR=$JIT/tvm-ffi TRITON_CACHE_DIR=$JIT/triton FLASHINFER_WORKSPACE_BASE=$JIT/fi
