@@ -54,6 +54,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils import get_num_new_pages
 
+from sglang_prefill_ext.adapters.testing_common import tree_cache_context_args
 from sglang_prefill_ext.config import EVICTION_POLICIES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -242,18 +243,8 @@ class ReplayScheduler:
             eviction_policy=server_args.radix_eviction_policy,
         )
         ctx = TreeCacheBuildContext(
-            server_args=server_args,
-            params=params,
-            is_hybrid_swa=False,
-            is_hybrid_ssm=False,
-            enable_hierarchical_cache=False,
-            disable_radix_cache=False,
+            **tree_cache_context_args(server_args, config.page_size, params),
             effective_chunked_prefill_size=config.chunked_prefill_size,
-            tp_worker=None,
-            model_config=None,
-            tp_size=1,
-            tp_rank=0,
-            tp_group=None,
         )
         s = Scheduler.__new__(Scheduler)
         s.server_args = server_args

@@ -38,11 +38,12 @@ def cpu_cache_params(eviction_policy: str, page_size: int = 1, size: int = 256) 
     )
 
 
-def tree_cache_context_args(server_args: Any, page_size: int) -> dict[str, Any]:
-    """`TreeCacheBuildContext` fields both versions take: a plain model, TP 1, real CPU pools."""
+def tree_cache_context_args(server_args: Any, page_size: int, params: Any = None) -> dict[str, Any]:
+    """`TreeCacheBuildContext` fields both versions take: a plain model, TP 1, real CPU pools
+    (small ones unless `params` brings its own)."""
     return dict(
         server_args=server_args,
-        params=cpu_cache_params(server_args.radix_eviction_policy, page_size),
+        params=params or cpu_cache_params(server_args.radix_eviction_policy, page_size),
         is_hybrid_swa=False,
         is_hybrid_ssm=False,
         enable_hierarchical_cache=False,
