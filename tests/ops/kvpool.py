@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclasses.dataclass
@@ -46,6 +47,32 @@ def make_pool(
 def request_kv(pool: Pool, b: int, ctx_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     locs = pool.req_to_token[pool.req_pool_indices[b], :ctx_len].long()
     return pool.k[locs], pool.v[locs]
+
+
+def sdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """fp32 SDPA of q [n, Hq, D], the last n positions, over k/v [L, Hkv, D], causal, on q's device."""
+    n, ctx = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    mask = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1),
+        k.float().repeat_interleave(group, 1).transpose(0, 1),
+        v.float().repeat_interleave(group, 1).transpose(0, 1),
+        attn_mask=mask,
+    )
+    return out.transpose(0, 1)
+
+
+def assert_requests_match_sdpa(
+    out: torch.Tensor, q: torch.Tensor, pool: Pool, prefix: list[int], extend: list[int]
+) -> None:
+    """Each request's rows of a batched prefill output equal fp32 SDPA over its own KV (bf16 tolerance)."""
+    offset = 0
+    for b, (p, n) in enumerate(zip(prefix, extend, strict=True)):
+        k, v = request_kv(pool, b, p + n)
+        want = sdpa_reference(q[offset : offset + n], k, v)
+        torch.testing.assert_close(out[offset : offset + n].float(), want, atol=5e-3, rtol=2e-2)
+        offset += n
 
 
 def causal_attention(

@@ -6,9 +6,8 @@ import random
 
 import pytest
 import torch
-from kvpool import request_kv
+from kvpool import assert_requests_match_sdpa
 from test_cascade_indices import shared_pool
-from test_sparse_gpu import _sdpa_reference
 
 from sglang_prefill_ext.ops.cascade import CascadePrefill, build_cascade_indices, shared_prefix_len
 
@@ -47,12 +46,7 @@ def _check(
     cascade = CascadePrefill(workspace)
     cascade.plan(indices, heads[0], heads[1], head_dim, torch.bfloat16, head_dim**-0.5)
     out = cascade.run(q, pool.k, pool.v)
-    offset = 0
-    for b, (p, n) in enumerate(zip(prefix, extend, strict=True)):
-        k, v = request_kv(pool, b, p + n)
-        want = _sdpa_reference(q[offset : offset + n], k, v)
-        torch.testing.assert_close(out[offset : offset + n].float(), want, atol=5e-3, rtol=2e-2)
-        offset += n
+    assert_requests_match_sdpa(out, q, pool, prefix, extend)
 
 
 @pytest.mark.parametrize("contiguous", [False, True])

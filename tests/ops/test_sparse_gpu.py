@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from kvpool import make_pool, request_kv
+from kvpool import assert_requests_match_sdpa, make_pool, request_kv, sdpa_reference
 
 from sglang_prefill_ext.ops import (
     BlockLayout,
@@ -31,20 +30,6 @@ DEVICE = "cuda"
 def _sparse(settings: SparseSettings, summaries: KeySummaryCache | None = None) -> SparsePrefill:
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
     return SparsePrefill(settings, BlockSparsePrefill(workspace), summaries)
-
-
-def _sdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """fp32 SDPA of q [n, Hq, D], the last n positions, over k/v [L, Hkv, D], causal."""
-    n, ctx = q.shape[0], k.shape[0]
-    group = q.shape[1] // k.shape[1]
-    mask = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(ctx - n, ctx, device=q.device)[:, None]
-    out = F.scaled_dot_product_attention(
-        q.float().transpose(0, 1),
-        k.float().repeat_interleave(group, 1).transpose(0, 1),
-        v.float().repeat_interleave(group, 1).transpose(0, 1),
-        attn_mask=mask,
-    )
-    return out.transpose(0, 1)
 
 
 def _run_chunk(
@@ -73,12 +58,7 @@ def test_all_blocks_kept_equals_fp32_sdpa(
     pool = make_pool(ctx, page, heads[1], head_dim, device=DEVICE)
     q = torch.randn(sum(extend), heads[0], head_dim, device=DEVICE).bfloat16()
     out = _run_chunk(_sparse(SparseSettings(threshold=0.0)), pool, prefix, extend, q)
-    offset = 0
-    for b, (p, n) in enumerate(zip(prefix, extend, strict=True)):
-        k, v = request_kv(pool, b, p + n)
-        want = _sdpa_reference(q[offset : offset + n], k, v)
-        torch.testing.assert_close(out[offset : offset + n].float(), want, atol=5e-3, rtol=2e-2)
-        offset += n
+    assert_requests_match_sdpa(out, q, pool, prefix, extend)
 
 
 @pytest.mark.parametrize("page", [1, 16])
@@ -95,7 +75,7 @@ def test_chunked_prefill_with_summaries_equals_fp32_sdpa(
     for start in range(0, total, chunk):
         n = min(chunk, total - start)
         out = _run_chunk(sparse, pool, [start], [n], q[start : start + n])
-        want = _sdpa_reference(q[start : start + n], k[: start + n], v[: start + n])
+        want = sdpa_reference(q[start : start + n], k[: start + n], v[: start + n])
         torch.testing.assert_close(out.float(), want, atol=5e-3, rtol=2e-2)
     assert int(summaries.num_free) == summaries.capacity - total // 128
 
