@@ -1,0 +1,186 @@
+"""What every version's scheduler adapter does the same way around the version-free `PrefillRunner`.
+
+A version's `scheduler.py` subclasses `PrefillExtScheduler` with what its `Req` and
+`SchedulePolicy` spell differently: `landed` (a flight's pages are in the tree or its producer
+stopped), `position` (where a request's match ends), `_match` (SGLang's own prefix match of a
+waiting request), `_extend_end` (where the chunk just admitted ends) and `_is_lpm`. The fields read
+here (`last_node`, `full_untruncated_fill_ids`, `time_stats`, `extend_batch_idx`, the adder's
+`can_run_list` / `log_hit_tokens`, ...) mean the same in every supported version. Like the
+per-version modules, this imports nothing from SGLang: the patched `mem_cache/common.py` loads it
+while SGLang's own modules are still loading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sglang_prefill_ext.config import PrefillExtConfig
+from sglang_prefill_ext.radix.node import Node
+from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
+from sglang_prefill_ext.runner.metrics import CounterDeltas
+from sglang_prefill_ext.runner.request_log import JsonlLog, RequestRecord
+
+if TYPE_CHECKING:
+    from sglang_prefill_ext.adapters.tree_backed import PrefixTreeCacheMixin
+
+Req = Any  # the version's `Req`
+Adder = Any  # the version's `PrefillAdder`
+
+
+def _ms(start: float, end: float) -> float:
+    return round(1e3 * (end - start), 3) if start and end else -1.0
+
+
+class PrefillExtScheduler:
+    """The runner of one scheduler: the calls its patched `_get_new_batch_prefill_raw` makes."""
+
+    def __init__(
+        self,
+        policy: Any,
+        tree_cache: PrefixTreeCacheMixin,
+        config: PrefillExtConfig,
+        page_size: int,
+        metrics: bool = False,
+    ) -> None:
+        self.policy = policy
+        self.tree_cache = tree_cache
+        schedule = config.schedule
+        if schedule == "auto":
+            schedule = "lpm-aging" if self._is_lpm(policy) else "stock"
+        self.schedule = schedule
+        self.runner = PrefillRunner(
+            page_size,
+            dedup=config.dedup,
+            min_shared_tokens=config.dedup_min_tokens,
+            max_dedup_passes=config.dedup_max_wait_passes,
+            max_wait_passes=config.max_wait_passes,
+        )
+        self.log = JsonlLog(config.log) if config.log else None
+        self.metrics = CounterDeltas() if metrics else None
+        self._hit_tokens = 0
+        self._deduped: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
+        self._adder: Adder | None = None
+        self._tracked = 0
+
+    # ----- what each version spells its own way -----
+
+    @staticmethod
+    def _is_lpm(policy: Any) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def landed(flight: Flight) -> bool:
+        """The producer's pages are in the tree, or it stopped computing them (finished, aborted, retracted)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def position(req: Req, length: int) -> Position:
+        """Where `req`'s match ends (its first `length` tokens as a transient int64 view)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _extend_end(req: Req) -> int:
+        raise NotImplementedError
+
+    def _match(self, req: Req) -> int:
+        """Re-match waiting `req` as stock's cache-aware ordering does; its matched prefix length."""
+        raise NotImplementedError
+
+    # ----- the patch's calls -----
+
+    def calc_priority(self, waiting_queue: list[Req], running_batch: Any = None, **stock: Any) -> None:
+        """In place of `SchedulePolicy.calc_priority` (`stock`: that version's further arguments)."""
+        self.runner.begin_pass(waiting_queue, self.landed)
+        self._adder, self._tracked = None, 0
+        if self.schedule == "stock":
+            self.policy.calc_priority(waiting_queue, running_batch, **stock)
+            return
+        self.runner.order(waiting_queue, self._stamp, self._match)
+        if self.policy.enable_priority_scheduling:
+            sign = self.policy.priority_sign
+            waiting_queue.sort(key=lambda r: r.priority * sign)
+
+    def _stamp(self, req: Req) -> tuple[int, int, Node, bool, int]:
+        """Changes whenever `req`'s match may have: a match ending at node N grows only by a new child
+        of N (an insert), and shrinks only by eviction; a reset bumps the epoch."""
+        tree = self.tree_cache.tree
+        node = req.last_node
+        return (tree.epoch, tree.counters.evicted_tokens, node, node.alive, len(node.children))
+
+    def defer(self, req: Req, adder: Adder) -> bool:
+        """True when `req`'s next uncached pages are being computed by an admitted request."""
+        self._track(adder)
+        return self.runner.should_defer(req, self.position(req, len(req.full_untruncated_fill_ids)))
+
+    def admitted(self, adder: Adder) -> None:
+        """The pass's queue loop ended: track the last admissions, publish the counters."""
+        self._track(adder)
+        if self.metrics is not None:
+            self._hit_tokens += adder.log_hit_tokens
+            tree, runner = self.tree_cache.tree.counters, self.runner.counters
+            self.metrics.publish(
+                {
+                    "hit_tokens": self._hit_tokens,
+                    "evicted_tokens": tree.evicted_tokens,
+                    "dedup_tokens": runner.dedup_tokens,
+                    "deferrals": runner.deferrals,
+                    "dedup_timeouts": runner.dedup_timeouts,
+                }
+            )
+
+    def _track(self, adder: Adder) -> None:
+        """Track the requests `adder` admitted since the last call, each as one flight."""
+        if adder is not self._adder:
+            self._adder, self._tracked = adder, 0
+        for req in adder.can_run_list[self._tracked :]:
+            end = self._extend_end(req)
+            self.runner.track(req, self.position(req, end), end)
+            deduped = self.runner.deduped_tokens(req)
+            if deduped:
+                self._deduped[req] = deduped
+        self._tracked = len(adder.can_run_list)
+
+    def released(self, req: Req) -> None:
+        """`req` finished or was aborted: its log line."""
+        stats = req.time_stats
+        reason = req.finished_reason
+        self.log.write(
+            RequestRecord(
+                rid=req.rid,
+                input_len=len(req.origin_input_ids),
+                cached_tokens=req.cached_tokens,
+                deduped_tokens=self._deduped.pop(req, 0),
+                chunks=req.extend_batch_idx,
+                queue_ms=_ms(stats.wait_queue_entry_time, stats.forward_entry_time),
+                prefill_ms=_ms(stats.forward_entry_time, stats.prefill_finished_time),
+                ttft_ms=_ms(stats.wait_queue_entry_time, stats.prefill_finished_time),
+                output_tokens=len(req.output_ids),
+                error=getattr(reason, "message", None),
+            )
+        )
+
+
+S = TypeVar("S", bound=PrefillExtScheduler)
+
+
+def build_runner(cls: type[S], scheduler: Any, owns_request_log: Callable[[Any], bool]) -> S | None:
+    """`cls` for `scheduler` under `--enable-prefill-ext`, else None (stock scheduling).
+
+    `owns_request_log(scheduler)`: this rank writes `--prefill-ext-log` (every TP / PP / CP rank
+    schedules the same requests; one of them logs)."""
+    server_args = scheduler.server_args
+    if not getattr(server_args, "enable_prefill_ext", False):
+        return None
+    config = PrefillExtConfig.from_options(server_args.prefill_ext_options)
+    if not owns_request_log(scheduler):
+        config = dataclasses.replace(config, log=None)
+    return cls(
+        scheduler.policy,
+        scheduler.tree_cache,
+        config,
+        scheduler.page_size,
+        metrics=bool(getattr(server_args, "enable_metrics", False)),
+    )
