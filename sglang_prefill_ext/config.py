@@ -82,6 +82,16 @@ class PrefillExtConfig:
         "Cascade only when the cost rule (ops/cascade_rule.py, constants measured on the H200) predicts "
         "at least this attention speed-up over stock; 0 takes cascade for every eligible batch.",
     )
+    dense: bool = _option(
+        False,
+        "Gathered dense prefill (FlashInfer): an extend batch with a request bringing "
+        "--prefill-ext-dense-min-extend new tokens attends each request's new tokens to its whole context "
+        "in one causal ragged (FA3 on Hopper) pass over K/V gathered from the pool, instead of stock's "
+        "paged FA2 pass over the cached prefix; such batches run without a prefill CUDA graph.",
+    )
+    dense_min_extend: int = _option(
+        1024, "Gathered dense prefill only for batches with a request bringing at least this many new tokens."
+    )
 
     schedule: str = _option(
         "auto",
@@ -101,6 +111,12 @@ class PrefillExtConfig:
     )
     dedup_max_wait_passes: int = _option(
         256, "Safety bound: past this many passes waiting on in-flight pages, a request computes them itself."
+    )
+    protect_waiting: bool = _option(
+        True,
+        "Each pass, mark the cached prefix every waiting request matches as used, the queue's head last, "
+        "so eviction takes the prefixes of the requests the scheduler reaches last instead of the queue "
+        "head's (which, having waited longest, LRU would evict first).",
     )
     max_wait_passes: int = _option(
         32, "lpm-aging: a request that has waited this many scheduling passes is ordered first (FCFS)."

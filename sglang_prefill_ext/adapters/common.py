@@ -57,7 +57,7 @@ def validate_server_args(
         flags = ", ".join(f"--prefill-ext-{name.replace('_', '-')}" for name in unported)
         raise ValueError(f"{flags}: not available on SGLang {version} yet")
     found = [text for name, text in conflicts.items() if getattr(server_args, name, None)]
-    for name, on in (("sparse", options.sparse), ("cascade", options.cascade)):
+    for name, on in (("sparse", options.sparse), ("cascade", options.cascade), ("dense", options.dense)):
         if on and "flashinfer" not in _attention_backends(server_args):
             found.append(
                 f"--prefill-ext-{name} without --attention-backend flashinfer (the path is FlashInfer's)"

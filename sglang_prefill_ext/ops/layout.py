@@ -125,11 +125,22 @@ def context_locs(
     layout: BlockLayout, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor
 ) -> torch.Tensor:
     """KV-cache slot of every context position of every request, request after request ([M] int64)."""
-    total = layout.num_context_tokens
-    device = req_to_token.device
-    num_reqs = layout.req_ctx_len.numel()
-    req = torch.repeat_interleave(
-        torch.arange(num_reqs, device=device), layout.req_ctx_len.to(device), output_size=total
+    return sequence_locs(
+        req_to_token, req_pool_indices, layout.req_ctx_len, layout.req_ctx_offset, layout.num_context_tokens
     )
-    pos = torch.arange(total, device=device) - layout.req_ctx_offset.to(device)[req]
+
+
+def sequence_locs(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    lens: torch.Tensor,
+    offsets: torch.Tensor,
+    total: int,
+) -> torch.Tensor:
+    """KV slots of the first `lens[b]` positions of every request b, packed at `offsets[b]` ([total] int64)."""
+    device = req_to_token.device
+    req = torch.repeat_interleave(
+        torch.arange(lens.numel(), device=device), lens.to(device), output_size=total
+    )
+    pos = torch.arange(total, device=device) - offsets.to(device)[req]
     return req_to_token[req_pool_indices.to(device).long()[req], pos].long()

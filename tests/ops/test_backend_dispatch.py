@@ -1,4 +1,4 @@
-"""Which batches and layers the 0.5.17 backend sends down the sparse path (no GPU, no model)."""
+"""Which batches and layers the 0.5.17 backend sends down the sparse and dense paths (no GPU, no model)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from sglang.srt.layers.radix_attention import AttentionType  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
 from sglang_prefill_ext.adapters.v0_5_17.attention import PrefillExtFlashInferBackend  # noqa: E402
+from sglang_prefill_ext.adapters.v0_5_17.dense import DenseExtend  # noqa: E402
+from sglang_prefill_ext.adapters.v0_5_17.extend_path import ExtendPath  # noqa: E402
 from sglang_prefill_ext.config import PrefillExtConfig  # noqa: E402
 from sglang_prefill_ext.ops import BlockLayout  # noqa: E402
 
@@ -26,7 +28,16 @@ def _backend(**options) -> PrefillExtFlashInferBackend:
     backend.flashinfer_kv_cache_dtype = torch.bfloat16
     backend._first_sparse_layer = backend.ext_config.sparse_dense_layers
     backend._sparse_batch = None
-    backend.cascade = None
+    backend.is_multimodal = False
+    backend.enable_deterministic = False
+    backend.indices_updater_prefill = types.SimpleNamespace(q_data_type=torch.bfloat16)
+    backend.cascade = backend.dense = None
+    backend._paths = []
+    if backend.ext_config.dense:
+        # the path's decisions only: its FlashInfer wrapper is built on the GPU
+        backend.dense = DenseExtend.__new__(DenseExtend)
+        ExtendPath.__init__(backend.dense, backend, backend.ext_config)
+        backend._paths = [backend.dense]
     return backend
 
 
@@ -38,6 +49,7 @@ def _batch(
     prefix = list(prefix_lens or [0] * len(seq_lens))
     return types.SimpleNamespace(
         forward_mode=mode,
+        req_pool_indices=torch.arange(len(seq_lens)),
         extend_prefix_lens_cpu=prefix,
         extend_seq_lens_cpu=[s - p for s, p in zip(seq_lens, prefix, strict=True)],
         seq_lens_cpu=torch.tensor(seq_lens),
@@ -104,3 +116,34 @@ def test_dense_layers_other_batches_and_special_layers_run_stock() -> None:
     assert not backend._runs_sparse(q, k, _layer(3, is_cross_attention=True), batch)
     assert not backend._runs_sparse(q, k, _layer(3, attn_type=AttentionType.ENCODER_ONLY), batch)
     assert not backend._runs_sparse(q, k, _layer(3, sliding_window_size=4096), batch)
+
+
+def test_dense_path_takes_batches_with_enough_new_tokens() -> None:
+    backend = _backend(sparse=False, dense=True, dense_min_extend=512)
+    assert backend.wants_eager_prefill(_batch(seq_lens=(100_000,), prefix_lens=(99_488,)))
+    assert backend.wants_eager_prefill(_batch(seq_lens=(600, 40)))  # a fresh prompt counts too
+    assert not backend.wants_eager_prefill(_batch(seq_lens=(100_000,), prefix_lens=(99_489,)))
+    assert not backend.wants_eager_prefill(_batch(seq_lens=(100_000, 300), prefix_lens=(99_999, 0)))
+    assert not backend.wants_eager_prefill(_batch(ForwardMode.DECODE, seq_lens=(5000,)))
+    for attr, value in (
+        ("enable_deterministic", True),
+        ("is_multimodal", True),
+        ("dispatch_reason", "sliding"),
+    ):
+        other = _backend(sparse=False, dense=True)
+        setattr(other, attr, value)
+        assert not other.wants_eager_prefill(_batch(seq_lens=(5000,)))
+    assert _backend(sparse=False, dense=True).ext_config.dense_min_extend == 1024
+
+
+def test_dense_path_runs_only_its_batch_and_plain_layers() -> None:
+    backend = _backend(sparse=False, dense=True)
+    batch = _batch(seq_lens=(9000, 3000), prefix_lens=(4000, 0))
+    assert backend.dense.begin(batch)
+    q, k = torch.empty(8000, 4), torch.empty(8000, 4)
+    assert backend.dense.runs(q, k, _layer(0), batch)
+    assert not backend.dense.runs(q, k, _layer(0), _batch(seq_lens=(9000, 3000), prefix_lens=(4000, 0)))
+    assert not backend.dense.runs(torch.empty(8192, 4), k, _layer(0), batch)  # padded tokens
+    assert not backend.dense.runs(q, k, _layer(0, sliding_window_size=4096), batch)
+    assert not backend.dense.begin(None)
+    assert not backend.dense.runs(q, k, _layer(0), batch)

@@ -9,6 +9,8 @@ What runs where:
   (prefix and chunk alike, see `sglang_prefill_ext.ops.layout`). By default the layout is selected
   and planned once, at the first sparse layer, and shared by all later layers; with
   `sparse_per_layer` every sparse layer scores and plans its own.
+- not sparse: `--prefill-ext-cascade` and `--prefill-ext-dense` batches, in that order, take their
+  paths (`cascade.py`, `dense.py`; the shared lifecycle in `extend_path.py`).
 - Not sparse (stock instead): sliding-window or cross-attention models, encoder-only layers,
   multi-item scoring, FP4/FP8 KV caches (FlashInfer's scale path), and anything under CUDA-graph capture.
 
@@ -17,12 +19,12 @@ captured prefill graph. `wants_eager_prefill(forward_batch)` says which batches 
 (the runner's `can_run_graph` must return False for them); as a second line of defence,
 `forward_extend` runs stock attention whenever the batch it is handed is not the one planned in
 `init_forward_metadata` (a graph replay hands in its static batch), so a missing hook costs speed,
-never correctness. Dense batches keep their graphs.
+never correctness. Batches no path takes keep their graphs.
 
 Key summaries: the pooled key of every full block is kept per KV slot (`KeySummaryCache`), written
 when a sparse forward completes the block and forgotten as soon as its first KV slot is written
-again: `release_kv_slots(out_cache_loc)` runs here for every eager extend batch, and must be called
-by the model runner for the batches that bypass `init_forward_metadata` (decode, CUDA-graph replays).
+again: the model runner calls `release_kv_slots(out_cache_loc)` before every forward (the patched
+`_forward_raw`), eager or replayed.
 A stale summary can only mis-steer block selection, never the attention arithmetic over kept blocks.
 """
 
@@ -32,10 +34,17 @@ from typing import TYPE_CHECKING
 
 import torch
 from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 from sglang_prefill_ext.adapters import common
-from sglang_prefill_ext.adapters.v0_5_17.cascade import CascadeExtend, plain_causal_layer, write_kv
+from sglang_prefill_ext.adapters.v0_5_17.cascade import CascadeExtend
+from sglang_prefill_ext.adapters.v0_5_17.dense import DenseExtend
+from sglang_prefill_ext.adapters.v0_5_17.extend_path import (
+    EXTEND_MODES,
+    HALF_DTYPES,
+    plain_causal_layer,
+    write_kv,
+)
 from sglang_prefill_ext.config import OPTIONS_DEST, PrefillExtConfig
 from sglang_prefill_ext.ops import (
     BlockLayout,
@@ -50,9 +59,6 @@ if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-_SPARSE_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED)
-_SPARSE_DTYPES = (torch.bfloat16, torch.float16)
-
 
 def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
     return SparseSettings(
@@ -65,8 +71,9 @@ def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
 
 
 class PrefillExtFlashInferBackend(FlashInferAttnBackend):
-    """Stock FlashInfer backend plus block-sparse attention for long extend batches and shared-prefix
-    cascade attention for batches over one cached prefix (sparse takes precedence)."""
+    """Stock FlashInfer backend plus, for extend batches, in this precedence: block-sparse attention for
+    long ones, shared-prefix cascade attention for batches over one cached prefix, gathered dense
+    attention for batches with many new tokens."""
 
     def __init__(self, model_runner: ModelRunner, config: PrefillExtConfig, **kwargs) -> None:
         super().__init__(model_runner, **kwargs)
@@ -91,16 +98,16 @@ class PrefillExtFlashInferBackend(FlashInferAttnBackend):
         )
         self._sparse_batch: ForwardBatch | None = None
         self.cascade = CascadeExtend(self, config) if config.cascade else None
+        self.dense = DenseExtend(self, config) if config.dense else None
+        self._paths = [path for path in (self.cascade, self.dense) if path is not None]
 
     def wants_eager_prefill(self, forward_batch: ForwardBatch) -> bool:
-        """True for the extend batches that take the sparse or cascade path (no prefill CUDA graph)."""
-        return self._wants_sparse(forward_batch) or (
-            self.cascade is not None and self.cascade.wants(forward_batch)
-        )
+        """True for the extend batches that take the sparse, cascade or dense path (no prefill CUDA graph)."""
+        return self._wants_sparse(forward_batch) or any(path.wants(forward_batch) for path in self._paths)
 
     def _wants_sparse(self, forward_batch: ForwardBatch) -> bool:
         config = self.ext_config
-        if not (config.sparse and forward_batch.forward_mode in _SPARSE_MODES):
+        if not (config.sparse and forward_batch.forward_mode in EXTEND_MODES):
             return False
         extend_lens = forward_batch.extend_seq_lens_cpu
         if (
@@ -113,7 +120,7 @@ class PrefillExtFlashInferBackend(FlashInferAttnBackend):
             self.dispatch_reason is None
             and not self.enable_mis
             and not self.prefill_uses_dequant_workspace
-            and self.flashinfer_kv_cache_dtype in _SPARSE_DTYPES
+            and self.flashinfer_kv_cache_dtype in HALF_DTYPES
         )
         return supported and any(
             seq_len >= config.sparse_min_len and int(new) >= config.sparse_min_extend
@@ -130,11 +137,12 @@ class PrefillExtFlashInferBackend(FlashInferAttnBackend):
         self._sparse_batch = None
         if torch.cuda.is_current_stream_capturing():
             return
-        if forward_batch.forward_mode in _SPARSE_MODES and forward_batch.out_cache_loc is not None:
-            self.release_kv_slots(forward_batch.out_cache_loc)
-        if not self._wants_sparse(forward_batch):
-            if self.cascade is not None:
-                self.cascade.begin(forward_batch)
+        sparse = self._wants_sparse(forward_batch)
+        offered: ForwardBatch | None = None if sparse else forward_batch
+        for path in self._paths:
+            if path.begin(offered):
+                offered = None
+        if not sparse:
             return
         layout = BlockLayout.build(
             [int(x) for x in forward_batch.extend_prefix_lens_cpu],
@@ -166,8 +174,9 @@ class PrefillExtFlashInferBackend(FlashInferAttnBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        if self.cascade is not None and self.cascade.runs(q, k, layer, forward_batch):
-            return self.cascade.forward(q, k, v, layer, forward_batch, save_kv_cache)
+        for path in self._paths:
+            if path.runs(q, k, layer, forward_batch):
+                return path.forward(q, k, v, layer, forward_batch, save_kv_cache)
         if not self._runs_sparse(q, k, layer, forward_batch):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         if save_kv_cache:
@@ -187,13 +196,14 @@ class PrefillExtFlashInferBackend(FlashInferAttnBackend):
 
 
 def create_backend(model_runner: ModelRunner) -> FlashInferAttnBackend:
-    """The non-MLA FlashInfer backend: the extension's when it is on with `--prefill-ext-sparse` or
-    `--prefill-ext-cascade`, SGLang's own otherwise (the registry's `create_flashinfer_backend`)."""
+    """The non-MLA FlashInfer backend: the extension's when it is on with `--prefill-ext-sparse`,
+    `--prefill-ext-cascade` or `--prefill-ext-dense`, SGLang's own otherwise (the registry's
+    `create_flashinfer_backend`)."""
     server_args = model_runner.server_args
     kwargs = {"init_new_workspace": model_runner.init_new_workspace}
     if not common.extension_enabled(server_args):
         return FlashInferAttnBackend(model_runner, **kwargs)
     config = PrefillExtConfig.from_options(getattr(server_args, OPTIONS_DEST, None))
-    if not (config.sparse or config.cascade):
+    if not (config.sparse or config.cascade or config.dense):
         return FlashInferAttnBackend(model_runner, **kwargs)
     return PrefillExtFlashInferBackend(model_runner, config, **kwargs)
