@@ -14,7 +14,9 @@
 # where SGLang 0.5.17 is pip-installed, leave those files out (or INSTALL=0): it uses that SGLang.
 #
 # Environment (defaults in brackets):
-#   VARIANTS       variants to run, in order ["stock"]; "stock ext" for the A/B
+#   VARIANTS       variants to run, in order ["stock"]; "stock ext" for the A/B. Any name starting
+#                  with "ext" runs the patched SGLang with EXT_ARGS_<name> (ext: EXT_ARGS), e.g.
+#                  VARIANTS="stock ext ext_sparse" EXT_ARGS_ext_sparse="--enable-prefill-ext --prefill-ext-sparse"
 #   WORKLOADS      main-phase workloads [baseline,burst,rag,agent,unique,mixed]; "none" skips
 #                  the main phase (e.g. a call for the pressure phase alone)
 #   PRESSURE       1: also the pressure phase (separate servers, PRESSURE_SERVER_ARGS) [1]
@@ -24,6 +26,11 @@
 #   SERVER_ARGS    launch flags after --model-path, both variants [8B dummy, FlashInfer, 0.8, 128K]
 #   PRESSURE_SERVER_ARGS  the same for the pressure phase [as SERVER_ARGS with mem fraction 0.2]
 #   EXT_ARGS       added for the ext variant [--enable-prefill-ext]
+#   ROBUST         1: after each variant's workloads, bench/robustness.py on the same server: malformed
+#                  requests (their answers land in robustness-<variant>.json, compared in the report),
+#                  ROBUST_LONG_REPS repeated long prompts for ext* variants [20] of ROBUST_LONG_LEN
+#                  tokens [100000], then an idle spell and SGLang's idle memory check (server alive,
+#                  no "leak detected" in its log) [0]
 #   MODEL          [bench/models/llama3-8b-dummy]   PORT [30000]   OUT [./out]
 #   SITE, JIT      unpack folders [/tmp/site, /tmp/jit]; INSTALL=auto|0 [auto]
 #   FLASHINFER_DISABLE_JIT  [1]: a kernel missing from the cache raises instead of compiling
@@ -46,11 +53,9 @@ COMMON_ARGS="--load-format dummy --skip-tokenizer-init --attention-backend flash
 SERVER_ARGS=${SERVER_ARGS:-$COMMON_ARGS --mem-fraction-static 0.8}
 PRESSURE_SERVER_ARGS=${PRESSURE_SERVER_ARGS:-$COMMON_ARGS --mem-fraction-static 0.2}
 EXT_ARGS=${EXT_ARGS:---enable-prefill-ext}
-SITE=${SITE:-/tmp/site}
-JIT=${JIT:-/tmp/jit}
-INSTALL=${INSTALL:-auto}
-SITE_TARBALL=${SITE_TARBALL:-$REPO/.whl/sglang-site-cp312.tar.xz}
-JIT_TARBALL=${JIT_TARBALL:-$REPO/.gpu/jit-cache-sglang-0.5.17-sm90.tar.gz}
+ROBUST=${ROBUST:-0}
+ROBUST_LONG_REPS=${ROBUST_LONG_REPS:-20}
+ROBUST_LONG_LEN=${ROBUST_LONG_LEN:-100000}
 SERVER_START_EST_S=${SERVER_START_EST_S:-100}   # start-up (~70 s with the kernel cache) + margin
 WORK=$(mktemp -d /tmp/ab-XXXXXX)
 mkdir -p "$OUT"
@@ -62,31 +67,8 @@ left() { echo $((DEADLINE - $(date +%s))); }
 
 # ---------------------------------------------------------------------------------------------
 # 1. SGLang and the kernel cache
-if [ "$INSTALL" != 0 ] && [ -f "$SITE_TARBALL" ]; then
-  if [ ! -f "$SITE/sglang/version.py" ]; then
-    log "unpacking $(basename "$SITE_TARBALL") to $SITE"
-    mkdir -p "$SITE" && tar -C "$SITE" -xJf "$SITE_TARBALL"
-  else
-    log "$SITE already holds sglang (warm host): not unpacking again"
-  fi
-  export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
-  SGLANG_DIR=$SITE
-else
-  export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-  SGLANG_DIR=$($PY -c 'import importlib.util as u, pathlib as p; print(p.Path(next(iter(u.find_spec("sglang").submodule_search_locations))).parent)')
-fi
-if [ "$INSTALL" != 0 ] && [ -f "$JIT_TARBALL" ]; then
-  if [ ! -d "$JIT/flashinfer-aot" ]; then
-    log "unpacking the kernel cache to $JIT"
-    mkdir -p "$JIT" && tar -C "$JIT" -xzf "$JIT_TARBALL"
-    # Triton kernels of the sparse path, as bench/gpu/run_ops.sh packs them (relative to $JIT).
-    if [ -f "$REPO/.gpu/triton-ops-cache.tgz" ]; then tar -C "$JIT" -xzf "$REPO/.gpu/triton-ops-cache.tgz"; fi
-  fi
-  mkdir -p "$SGLANG_DIR/flashinfer/data/aot" && cp -r "$JIT/flashinfer-aot/." "$SGLANG_DIR/flashinfer/data/aot/"
-  export TVM_FFI_CACHE_DIR=$JIT/tvm-ffi TRITON_CACHE_DIR=$JIT/triton FLASHINFER_WORKSPACE_BASE=$JIT/fi
-  export FLASHINFER_DISABLE_JIT=${FLASHINFER_DISABLE_JIT:-1}
-fi
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+# shellcheck source=bench/gpu/stack.sh
+source "$REPO/bench/gpu/stack.sh"
 
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -108,107 +90,18 @@ EOF
   echo "SERVER_ARGS=$SERVER_ARGS"
   echo "PRESSURE_SERVER_ARGS=$PRESSURE_SERVER_ARGS"
   echo "EXT_ARGS=$EXT_ARGS"
+  for v in $VARIANTS; do
+    case "$v" in ext?*) name="EXT_ARGS_$v"; echo "$name=${!name:-}" ;; esac
+  done
+  echo "ROBUST=$ROBUST ROBUST_LONG_REPS=$ROBUST_LONG_REPS ROBUST_LONG_LEN=$ROBUST_LONG_LEN"
   echo "FLASHINFER_DISABLE_JIT=${FLASHINFER_DISABLE_JIT:-unset}"
 } | tee "$OUT/env.txt"
 
 # ---------------------------------------------------------------------------------------------
-# 2. Patch state
-patch_cli() { $PY -m sglang_prefill_ext.cli "$1" --sglang-version "$SGLANG_VERSION" --sglang-dir "$SGLANG_DIR"; }
-
-# set_variant VARIANT: stock -> patch reverted; ext -> patch applied. Returns 1 if impossible.
-set_variant() {
-  local v=$1 plog="$WORK/patch-cli.log"
-  echo "== $(date +%T) set_variant $v" >>"$plog"
-  if [ "$v" = ext ]; then
-    if ! patch_cli apply >>"$plog" 2>&1; then
-      log "ext: the patch does not apply (see patch-cli.log): skipping ext"
-      tail -3 "$plog"
-      return 1
-    fi
-  else
-    local st
-    st=$(patch_cli status 2>>"$plog" || true)
-    echo "$st" >>"$plog"
-    case "$st" in
-      *": applied"* | *"partially applied"*)
-        if ! patch_cli revert >>"$plog" 2>&1; then
-          log "stock: could not revert the patch: skipping stock"
-          return 1
-        fi ;;
-      *"foreign changes"*) log "stock: sglang has foreign changes ($st): skipping stock"; return 1 ;;
-    esac
-  fi
-  patch_cli status >>"$plog" 2>&1 || true
-  return 0
-}
-
-# ---------------------------------------------------------------------------------------------
-# 3. Server start and stop
-SERVER_PID=""
-
-descendants() {
-  local p
-  for p in $(ps -o pid= --ppid "$1" 2>/dev/null); do
-    echo "$p"
-    descendants "$p"
-  done
-}
-
-stop_server() {
-  [ -n "$SERVER_PID" ] || return 0
-  local pids
-  pids="$SERVER_PID $(descendants "$SERVER_PID" | tr '\n' ' ')"
-  log "stopping server pid $SERVER_PID (tree: $pids)"
-  kill -TERM -- "-$SERVER_PID" 2>/dev/null || true
-  for _ in $(seq 30); do
-    local alive=0 p
-    for p in $pids; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    sleep 1
-  done
-  for p in $pids; do kill -KILL "$p" 2>/dev/null || true; done
-  wait "$SERVER_PID" 2>/dev/null || true
-  SERVER_PID=""
-  # let the driver give the memory back before the next server sizes its KV pool
-  for _ in $(seq 30); do
-    local used
-    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 || echo 0)
-    [ "${used:-0}" -lt 2048 ] && break
-    sleep 1
-  done
-}
+# 2. Patch state and servers: set_variant, start_server, stop_server
+# shellcheck source=bench/gpu/server.sh
+source "$REPO/bench/gpu/server.sh"
 trap stop_server EXIT
-
-# start_server LOG ARGS...: returns 0 once /health answers 200, 1 if the server died or timed out
-start_server() {
-  local slog=$1
-  shift
-  log "starting: python3 -m sglang.launch_server --model-path $MODEL $* --port $PORT"
-  setsid "$PY" -m sglang.launch_server --model-path "$MODEL" "$@" --port "$PORT" >"$slog" 2>&1 &
-  SERVER_PID=$!
-  local t0
-  t0=$(date +%s)
-  while true; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-      log "server exited during start-up; last lines of its log:"
-      tail -25 "$slog"
-      SERVER_PID=""
-      return 1
-    fi
-    if $PY -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('$URL/health', timeout=3).status == 200 else 1)" 2>/dev/null; then
-      log "server healthy after $(($(date +%s) - t0)) s"
-      grep -E "KV Cache is allocated|max_total_num_tokens=" "$slog" | tail -4 || true
-      return 0
-    fi
-    if [ "$(left)" -le 0 ] || [ $(($(date +%s) - t0)) -gt 400 ]; then
-      log "server not healthy in time"
-      tail -25 "$slog"
-      stop_server
-      return 1
-    fi
-    sleep 2
-  done
-}
 
 # ---------------------------------------------------------------------------------------------
 # 4. Phases x variants
@@ -223,8 +116,11 @@ run_phase() {  # run_phase PHASE WORKLOADS ARGS...
     fi
     set_variant "$v" || continue
     mkdir -p "$WORK/$v"
-    local extra=()
+    local extra=() args_name="EXT_ARGS_$v"
     [ "$v" = ext ] && read -r -a extra <<<"$EXT_ARGS"
+    [ "$v" != ext ] && [ "${v#ext}" != "$v" ] && read -r -a extra <<<"${!args_name:-}"
+    # ext* variants keep the extension's per-request log (--prefill-ext-log) with the results
+    [ "${v#ext}" != "$v" ] && extra+=(--prefill-ext-log "$WORK/$v/requests-$phase.jsonl")
     if ! start_server "$WORK/$v/server-$phase.log" "$@" "${extra[@]}"; then
       log "$phase/$v: server did not start"
       continue
@@ -232,6 +128,14 @@ run_phase() {  # run_phase PHASE WORKLOADS ARGS...
     # shellcheck disable=SC2086
     $PY bench/ttft_bench.py run --url "$URL" --label "$v" --workloads "$wl" --out-dir "$WORK/$v" \
       --deadline "$DEADLINE" --no-progress --health-timeout 60 $BENCH_ARGS || log "$phase/$v: bench exit $?"
+    if [ "$ROBUST" = 1 ] && [ "$phase" = main ]; then
+      local reps=0
+      [ "${v#ext}" != "$v" ] && reps=$ROBUST_LONG_REPS
+      $PY bench/robustness.py run --url "$URL" --label "$v" --model-dir "$MODEL" --long-reps "$reps" \
+        --long-len "$ROBUST_LONG_LEN" --deadline "$DEADLINE" --server-log "$WORK/$v/server-$phase.log" \
+        --out "$WORK/$v/robustness.json" || log "$phase/$v: robustness exit $?"
+      cp "$WORK/$v/robustness.json" "$OUT/robustness-$v.json" 2>/dev/null || true
+    fi
     stop_server
   done
 }
@@ -261,6 +165,11 @@ done
 if [ ${#sums[@]} -gt 0 ]; then
   $PY bench/ttft_bench.py report "${sums[@]}" --reference bench/reference/h200-stock-2026-11-29.json \
     --out-md "$OUT/report.md" --out-png "$OUT/ttft-cdf.png" || log "report failed"
+fi
+robust=()
+for v in $VARIANTS; do [ -f "$OUT/robustness-$v.json" ] && robust+=("$OUT/robustness-$v.json"); done
+if [ ${#robust[@]} -gt 0 ]; then
+  $PY bench/robustness.py compare "${robust[@]}" | tee -a "$OUT/report.md" || log "robustness compare failed"
 fi
 cp "$OUT/env.txt" "$WORK/" 2>/dev/null || true
 tar -C "$WORK" -czf "$OUT/ab-results.tar.gz" .

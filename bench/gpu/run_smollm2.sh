@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# run_smollm2.sh - the real-weights checks on one GPU host (issues 4 and 6), in one command:
+#  1. SmolLM2-135M-Instruct as an HF checkpoint in $HF: converted from the GGUF parts stashed in $PARTS
+#     (scripts/models/convert_smollm2.py join + convert) unless $HF/config.json exists;
+#  2. greedy identity: for each of VARIANTS, set the patch state (stock: reverted; off: patched, flag
+#     off; ext*: patched with EXT_ARGS_<name>), start the server with identical SERVER_ARGS, run
+#     bench/greedy_check.py (50 prompts: chunked, cache hits, partial hits, a burst), stop it; then
+#     compare every variant's outputs with the first's;
+#  3. sparse accuracy: bench/sparse_accuracy.py (SmolLM2 at 8K, sparse vs dense next-token predictions).
+# Results in $OUT: greedy-<variant>.jsonl, greedy-compare.txt/.json, accuracy.json/.log, env.txt, and
+# smollm2-logs.tar.gz (server logs, patch CLI output).
+#
+# Environment [defaults]: VARIANTS ["off ext ext_dense stock"]; EXT_ARGS_ext [--enable-prefill-ext];
+#   EXT_ARGS_ext_dense [--enable-prefill-ext --prefill-ext-dense]; SERVER_ARGS [FlashInfer, chunked
+#   prefill 1024, mem 0.3, context 8192]; ACCURACY=0 skips step 3; BUDGET_S [540]; HF, PARTS, OUT, PORT.
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO"
+T_START=$(date +%s)
+BUDGET_S=${BUDGET_S:-540}
+DEADLINE=$((T_START + BUDGET_S))
+OUT=${OUT:-$REPO/out-smollm2}
+PY=${PY:-python3}
+HF=${HF:-/tmp/smollm2-hf}
+PARTS=${PARTS:-/tmp/smollm2-parts}
+MODEL=$HF
+PORT=${PORT:-30000}
+URL="http://127.0.0.1:$PORT"
+VARIANTS=${VARIANTS:-off ext ext_dense stock}
+EXT_ARGS_ext=${EXT_ARGS_ext:---enable-prefill-ext}
+EXT_ARGS_ext_dense=${EXT_ARGS_ext_dense:---enable-prefill-ext --prefill-ext-dense}
+SERVER_ARGS=${SERVER_ARGS:---attention-backend flashinfer --chunked-prefill-size 1024 --mem-fraction-static 0.3 --context-length 8192}
+ACCURACY=${ACCURACY:-1}
+WORK=$(mktemp -d /tmp/smollm2-XXXXXX)
+mkdir -p "$OUT"
+
+log() { echo "[run_smollm2 $(date +%H:%M:%S) +$(($(date +%s) - T_START))s] $*"; }
+left() { echo $((DEADLINE - $(date +%s))); }
+
+# shellcheck source=bench/gpu/stack.sh
+source "$REPO/bench/gpu/stack.sh"
+# shellcheck source=bench/gpu/server.sh
+source "$REPO/bench/gpu/server.sh"
+trap stop_server EXIT
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || true
+  echo "VARIANTS=$VARIANTS"
+  for v in $VARIANTS; do name="EXT_ARGS_$v"; [ -n "${!name:-}" ] && echo "$name=${!name}"; done
+  echo "SERVER_ARGS=$SERVER_ARGS"
+} | tee "$OUT/env.txt"
+
+if [ ! -f "$HF/config.json" ]; then
+  log "converting SmolLM2 from $PARTS"
+  $PY scripts/models/convert_smollm2.py join --parts-dir "$PARTS" --out /tmp/smollm2-gguf || exit 2
+  $PY scripts/models/convert_smollm2.py convert --gguf /tmp/smollm2-gguf/SmolLM2-135M-Instruct.Q4_1.gguf \
+    --out "$HF" || exit 2
+fi
+
+files=()
+for v in $VARIANTS; do
+  if [ "$(left)" -lt 60 ]; then log "$v: skipped, $(left) s left"; continue; fi
+  set_variant "$v" || continue
+  args_name="EXT_ARGS_$v"
+  read -r -a extra <<<"${!args_name:-}"
+  # shellcheck disable=SC2086  # SERVER_ARGS is a flag list
+  if ! start_server "$WORK/server-$v.log" $SERVER_ARGS "${extra[@]}"; then continue; fi
+  $PY bench/greedy_check.py run --url "$URL" --model-dir "$HF" --label "$v" --out "$OUT/greedy-$v.jsonl" \
+    && files+=("$OUT/greedy-$v.jsonl")
+  stop_server
+done
+if patch_cli status 2>/dev/null | grep -q ": applied"; then patch_cli revert >>"$WORK/patch-cli.log" 2>&1 || true; fi
+if [ ${#files[@]} -gt 1 ]; then
+  $PY bench/greedy_check.py compare "${files[@]}" --json "$OUT/greedy-compare.json" | tee "$OUT/greedy-compare.txt"
+fi
+
+if [ "$ACCURACY" = 1 ] && [ "$(left)" -gt 30 ]; then
+  timeout "$(left)" $PY bench/sparse_accuracy.py --model-dir "$HF" --json "$OUT/accuracy.json" 2>&1 \
+    | grep -v Warning | tee "$OUT/accuracy.log"
+fi
+tar -C "$WORK" -czf "$OUT/smollm2-logs.tar.gz" .
+log "done"

@@ -1,0 +1,44 @@
+# stack.sh - sourced by the GPU scripts: make SGLang 0.5.17 and its compiled kernels importable.
+#
+# On the offline H200 host: unpack .whl/sglang-site-cp312.tar.xz to $SITE and the kernel cache
+# .gpu/jit-cache-sglang-0.5.17-sm90.tar.gz (+ .gpu/triton-ops-cache.tgz, the sparse path's Triton
+# kernels as bench/gpu/run_ops.sh packs them) to $JIT, once per warm host (shared/gpu/README.md's
+# recipe). On a host where SGLang 0.5.17 is pip-installed, leave those files out (or INSTALL=0).
+# Needs REPO and PY; sets SGLANG_DIR (the folder holding sglang/) and the environment.
+# Environment: SITE, JIT [/tmp/site, /tmp/jit]; INSTALL=auto|0 [auto];
+#   FLASHINFER_DISABLE_JIT [1]: a kernel missing from the cache raises instead of compiling.
+SITE=${SITE:-/tmp/site}
+JIT=${JIT:-/tmp/jit}
+INSTALL=${INSTALL:-auto}
+SITE_TARBALL=${SITE_TARBALL:-$REPO/.whl/sglang-site-cp312.tar.xz}
+JIT_TARBALL=${JIT_TARBALL:-$REPO/.gpu/jit-cache-sglang-0.5.17-sm90.tar.gz}
+
+stack_log() { echo "[stack $(date +%H:%M:%S)] $*"; }
+
+if [ "$INSTALL" != 0 ] && { [ -f "$SITE_TARBALL" ] || [ -f "$SITE/sglang/version.py" ]; }; then
+  if [ ! -f "$SITE/sglang/version.py" ]; then
+    stack_log "unpacking $(basename "$SITE_TARBALL") to $SITE"
+    mkdir -p "$SITE" && tar -C "$SITE" -xJf "$SITE_TARBALL"
+  else
+    stack_log "$SITE already holds sglang (warm host): not unpacking again"
+  fi
+  export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+  SGLANG_DIR=$SITE
+else
+  export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+  SGLANG_DIR=$($PY -c 'import importlib.util as u, pathlib as p; print(p.Path(next(iter(u.find_spec("sglang").submodule_search_locations))).parent)')
+fi
+if [ "$INSTALL" != 0 ] && { [ -f "$JIT_TARBALL" ] || [ -d "$JIT/flashinfer-aot" ]; }; then
+  if [ ! -d "$JIT/flashinfer-aot" ]; then
+    stack_log "unpacking the kernel cache to $JIT"
+    mkdir -p "$JIT" && tar -C "$JIT" -xzf "$JIT_TARBALL"
+  fi
+  if [ -f "$REPO/.gpu/triton-ops-cache.tgz" ]; then tar -C "$JIT" -xzf "$REPO/.gpu/triton-ops-cache.tgz"; fi
+  mkdir -p "$SGLANG_DIR/flashinfer/data/aot" && cp -r "$JIT/flashinfer-aot/." "$SGLANG_DIR/flashinfer/data/aot/"
+  export TVM_FFI_CACHE_DIR=$JIT/tvm-ffi TRITON_CACHE_DIR=$JIT/triton FLASHINFER_WORKSPACE_BASE=$JIT/fi
+  export FLASHINFER_DISABLE_JIT=${FLASHINFER_DISABLE_JIT:-1}
+fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+
+# patch_cli apply|revert|status: the project's patch CLI on the SGLang in use
+patch_cli() { $PY -m sglang_prefill_ext.cli "$1" --sglang-version "${SGLANG_VERSION:-0.5.17}" --sglang-dir "$SGLANG_DIR"; }

@@ -1,0 +1,129 @@
+"""Accuracy of block-sparse prefill on real weights: next-token predictions, sparse vs dense (issue 6).
+
+    python bench/sparse_accuracy.py --model-dir DIR [--prompts 8] [--length 8192] [--json PATH]
+        [--threshold 0.05] [--dense-layers 2] [--block-size 128]
+
+Loads an HF checkpoint (SmolLM2-135M-Instruct, converted by scripts/models/convert_smollm2.py) with
+transformers on the GPU and runs each prompt of `--length` tokens of real text (`real_text.py`) twice:
+dense (torch SDPA, causal) and with every layer from `--dense-layers` on attending through this
+package's `SparsePrefill` exactly as the serving backend runs a fresh prompt (one KV pool slot per
+position, selection and plan at the first sparse layer, shared by the later layers). Reports, over
+every position and over the positions past the first 1,024: top-1 agreement of the next-token
+argmax, mean KL(dense || sparse) of the next-token distributions, and the kept-block density.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from real_text import corpus_ids
+
+from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
+
+TAIL_FROM = 1024
+
+
+class SparseAttention:
+    """A transformers attention function: SDPA for the first layers, `SparsePrefill` for the rest."""
+
+    def __init__(self, sparse: SparsePrefill, dense_layers: int, block_size: int) -> None:
+        self.sparse = sparse
+        self.dense_layers = dense_layers
+        self.block_size = block_size
+        self.densities: list[float] = []
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        if module.layer_idx < self.dense_layers:
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout, scaling, **kwargs
+            )
+        assert query.shape[0] == 1, "one prompt per forward"
+        length = query.shape[2]
+        q = query[0].transpose(0, 1).contiguous()  # [L, Hq, D]
+        k, v = key[0].transpose(0, 1).contiguous(), value[0].transpose(0, 1).contiguous()
+        if module.layer_idx == self.dense_layers:
+            layout = BlockLayout.build([0], [length], self.block_size, q.device)
+            self.sparse.begin(layout, torch.arange(length, device=q.device))
+        out = self.sparse.forward(q, k, v, scaling, replan=False)
+        if module.layer_idx == self.dense_layers:
+            mask = self.sparse.mask
+            rows = mask.shape[1]
+            causal = rows * (rows + 1) / 2 * mask.shape[0]
+            self.densities.append(float(mask.sum()) / causal)
+        return out.unsqueeze(0), None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--length", type=int, default=8192)
+    parser.add_argument("--threshold", type=float, default=SparseSettings.threshold)
+    parser.add_argument("--dense-layers", type=int, default=2)
+    parser.add_argument("--block-size", type=int, default=SparseSettings.block_size)
+    parser.add_argument("--json", type=Path, default=None)
+    a = parser.parse_args()
+
+    from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(a.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        a.model_dir, dtype=torch.bfloat16, attn_implementation="sdpa"
+    )
+    model = model.cuda().eval()
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    settings = SparseSettings(block_size=a.block_size, threshold=a.threshold)
+    attention = SparseAttention(
+        SparsePrefill(settings, BlockSparsePrefill(workspace)), a.dense_layers, a.block_size
+    )
+    AttentionInterface.register("prefill_ext_sparse", attention)
+
+    ids = corpus_ids(tokenizer, a.prompts * a.length)
+    per_prompt = []
+    for i in range(a.prompts):
+        tokens = torch.tensor([ids[i * a.length : (i + 1) * a.length]], device="cuda")
+        with torch.no_grad():
+            model.set_attn_implementation("sdpa")
+            dense = model(tokens).logits[0].float()
+            model.set_attn_implementation("prefill_ext_sparse")
+            sparse = model(tokens).logits[0].float()
+        agree = dense.argmax(-1) == sparse.argmax(-1)
+        kl = F.kl_div(sparse.log_softmax(-1), dense.log_softmax(-1), log_target=True, reduction="none").sum(
+            -1
+        )
+        per_prompt.append(
+            dict(
+                top1=float(agree.float().mean()),
+                top1_tail=float(agree[TAIL_FROM:].float().mean()),
+                kl=float(kl.mean()),
+                kl_tail=float(kl[TAIL_FROM:].mean()),
+                kl_max=float(kl.max()),
+                density=attention.densities[-1],
+            )
+        )
+        print(f"prompt {i}: " + ", ".join(f"{k} {v:.4g}" for k, v in per_prompt[-1].items()), flush=True)
+    summary = {k: statistics.mean(p[k] for p in per_prompt) for k in per_prompt[0]}
+    summary["kl_max"] = max(p["kl_max"] for p in per_prompt)
+    info = dict(
+        model=a.model_dir, length=a.length, prompts=a.prompts, threshold=a.threshold, dense_layers=a.dense_layers,
+        block_size=a.block_size, device=torch.cuda.get_device_name(), summary=summary, per_prompt=per_prompt,
+    )  # fmt: skip
+    if a.json:
+        a.json.write_text(json.dumps(info, indent=1))
+    print(
+        f"SmolLM2 sparse vs dense over {a.prompts} x {a.length} tokens (threshold {a.threshold}, "
+        f"dense layers {a.dense_layers}): top-1 agreement {summary['top1']:.4f} (past {TAIL_FROM}: "
+        f"{summary['top1_tail']:.4f}), mean KL {summary['kl']:.3g} (past {TAIL_FROM}: {summary['kl_tail']:.3g}), "
+        f"max KL {summary['kl_max']:.3g}, density {summary['density']:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
