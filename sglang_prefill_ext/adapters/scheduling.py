@@ -57,6 +57,7 @@ class PrefillExtScheduler:
             min_shared_tokens=config.dedup_min_tokens,
             max_dedup_passes=config.dedup_max_wait_passes,
             max_wait_passes=config.max_wait_passes,
+            protect_waiting=config.protect_waiting,
         )
         self.log = JsonlLog(config.log) if config.log else None
         self.metrics = CounterDeltas() if metrics else None
@@ -97,11 +98,15 @@ class PrefillExtScheduler:
         self._adder, self._tracked = None, 0
         if self.schedule == "stock":
             self.policy.calc_priority(waiting_queue, running_batch, **stock)
-            return
-        self.runner.order(waiting_queue, self._stamp, self._match)
-        if self.policy.enable_priority_scheduling:
-            sign = self.policy.priority_sign
-            waiting_queue.sort(key=lambda r: r.priority * sign)
+        else:
+            self.runner.order(waiting_queue, self._stamp, self._match)
+            if self.policy.enable_priority_scheduling:
+                sign = self.policy.priority_sign
+                waiting_queue.sort(key=lambda r: r.priority * sign)
+        self.runner.protect(waiting_queue, self._stamp, self._match, self._touch)
+
+    def _touch(self, req: Req) -> None:
+        self.tree_cache.tree.touch(req.last_node)
 
     def _stamp(self, req: Req) -> tuple[int, int, Node, bool, int]:
         """Changes whenever `req`'s match may have: a match ending at node N grows only by a new child

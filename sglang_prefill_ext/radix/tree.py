@@ -249,6 +249,10 @@ class PrefixTree:
         page = node.tokens[: self.page_size * TOKEN_BYTES]
         return (node.namespace, page) if node.parent is self.root else page
 
+    def touch(self, node: Node) -> None:
+        """Mark `node` and its ancestors used now, as a match ending at `node` would (no split, no counts)."""
+        self._touch_path(node, self._tick())
+
     def _touch_path(self, node: Node, access: int) -> None:
         while node is not None:
             node.last_access = access

@@ -4,7 +4,10 @@ Each scheduling pass the adapter calls, in order:
 
 1. `begin_pass(waiting, landed)`: drops flights whose producer landed its pages in the tree (or
    stopped: finished, aborted, retracted), counts one more pass for every waiting request.
-2. `order(waiting, stamp, match)` (lpm-aging only): refreshes stale matches, sorts.
+2. `order(waiting, stamp, match)` (lpm-aging only): refreshes stale matches, sorts; then, in the
+   final order, `protect(waiting, stamp, match, touch)`: marks every waiting request's matched
+   prefix used, the queue's tail first, so recency-based eviction takes the prefixes the scheduler
+   will reach last and never the queue head's.
 3. for each candidate the scheduler would admit: `should_defer(item, position)`: True while the next
    uncached pages of `item` are in flight (the scheduler skips it this pass).
 4. `track(producer, ...)` for every request admitted (including a continuing chunked one), right
@@ -48,8 +51,10 @@ class PrefillRunner:
         min_shared_tokens: int = 64,
         max_dedup_passes: int = 256,
         max_wait_passes: int = 32,
+        protect_waiting: bool = True,
     ) -> None:
         self.dedup = dedup
+        self.protect_waiting = protect_waiting
         self.max_dedup_passes = max_dedup_passes
         self.max_wait_passes = max_wait_passes
         self.flights = InflightRegistry(page_size, min_shared_tokens)
@@ -94,13 +99,42 @@ class PrefillRunner:
         `stamp(item)` changes whenever `item`'s match could have changed since it was taken (read
         right after `match(item)`, which re-matches); items with an unchanged stamp are not re-matched.
         """
+        self.refresh(waiting, stamp, match)
+        keys = {item: lpm_aging_key(self.state(item), self.max_wait_passes) for item in waiting}
+        waiting.sort(key=keys.__getitem__)
+
+    def refresh(
+        self,
+        waiting: Sequence[Hashable],
+        stamp: Callable[[Hashable], Hashable],
+        match: Callable[[Hashable], int],
+    ) -> None:
+        """Re-match the items whose stamp changed since their last match (or that were never matched)."""
         for item in waiting:
             state = self.state(item)
             if state.version is None or state.version != stamp(item):
                 state.matched = match(item)
                 state.version = stamp(item)
-        keys = {item: lpm_aging_key(self.state(item), self.max_wait_passes) for item in waiting}
-        waiting.sort(key=keys.__getitem__)
+
+    def protect(
+        self,
+        waiting: Sequence[Hashable],
+        stamp: Callable[[Hashable], Hashable],
+        match: Callable[[Hashable], int],
+        touch: Callable[[Hashable], None],
+    ) -> None:
+        """`touch(item)` (mark its matched prefix used now) for every item of `waiting`, last first.
+
+        The queue order is the scheduler's known future: the head is admitted first. Without this,
+        the request that waited longest holds the least recently used prefix, so LRU evicts exactly
+        the context admitted next (under a pool smaller than the working set, every recomputed
+        context token of the replay's multi-turn trace was evicted while its request waited).
+        """
+        if not self.protect_waiting:
+            return
+        self.refresh(waiting, stamp, match)
+        for item in reversed(waiting):
+            touch(item)
 
     def should_defer(self, item: Hashable, at: Position) -> bool:
         """True when `item`'s first uncached pages (from `at`) are being computed right now."""

@@ -97,3 +97,30 @@ def test_lpm_aging_rematches_only_when_the_stamp_changed() -> None:
     stamps["a"] = 2
     runner.order(waiting, stamp=stamps.__getitem__, match=match)
     assert calls == ["a", "b", "a"]
+
+
+def test_protect_touches_the_queue_tail_first_and_matches_only_stale_items() -> None:
+    """The head is touched last (most recently used), so recency-based eviction takes it last."""
+    matched: list[str] = []
+    touched: list[str] = []
+    stamps = {"a": 1, "b": 1, "c": 1}
+
+    def match(item: str) -> int:
+        matched.append(item)
+        return 0
+
+    for protect, expected in ((True, ["c", "b", "a"]), (False, [])):
+        matched.clear()
+        touched.clear()
+        runner = PrefillRunner(page_size=1, protect_waiting=protect)
+        runner.begin_pass(["a", "b", "c"], lambda flight: False)
+        runner.protect(["a", "b", "c"], stamps.__getitem__, match, touched.append)
+        assert touched == expected
+        assert matched == expected[::-1]
+    runner = PrefillRunner(page_size=1)
+    runner.begin_pass(["a", "b", "c"], lambda flight: False)
+    runner.order(["a", "b", "c"], stamps.__getitem__, match)
+    matched.clear()
+    stamps["b"] = 2
+    runner.protect(["a", "b", "c"], stamps.__getitem__, match, touched.append)
+    assert matched == ["b"]

@@ -235,3 +235,25 @@ def test_kv_accounting_holds_under_eviction(replay: ModuleType, eviction: str) -
     )
     assert ext.scheduler.tree_cache.stats()["evicted_tokens"] > 0
     assert ext.prefill_tokens > ideal  # evicted prefixes were recomputed
+
+
+@pytest.mark.parametrize("pool", [16384, 32768])
+def test_waiting_prefixes_are_evicted_last_so_ext_never_computes_more(replay: ModuleType, pool: int) -> None:
+    """The eviction table's multi-turn trace in pools a quarter and half its working set, fcfs, lru.
+
+    LRU evicts the least recently used context, which is the one of the request that waited longest:
+    the queue head, admitted next. Dedup's deferrals reorder the queue, so without
+    --prefill-ext-protect-waiting ext computed more than stock at the 32K pool (98,708 vs 94,386).
+    """
+    trace = replay.EVICTION_TRACES["multi-turn-24x6"]()
+    common = {"pool_tokens": pool, "chunked_prefill_size": 8192}
+    lru = ("--prefill-ext-eviction", "lru")
+    stock = run(replay, trace, ext=False, **common)
+    ext = run(replay, trace, ext=True, extra_args=lru, **common)
+    unprotected = run(
+        replay, trace, ext=True, extra_args=(*lru, "--prefill-ext-protect-waiting", "false"), **common
+    )
+    assert ext.prefill_tokens < stock.prefill_tokens
+    assert ext.prefill_tokens < unprotected.prefill_tokens
+    if pool == 32768:
+        assert unprotected.prefill_tokens > stock.prefill_tokens  # the case being fixed
