@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Replay request traces through SGLang 0.5.17's real prefill scheduling on the CPU, stock vs ext.
+"""Replay request traces through the installed SGLang's real prefill scheduling on the CPU, stock vs ext.
 
 No model runs. Each iteration does what the scheduler's event loop does around a forward: stash
 the chunked request, call the real (patched) `Scheduler.get_new_batch_prefill` on a scheduler
@@ -7,7 +7,8 @@ whose prefill-path state is built by SGLang's own constructors (tree cache, KV a
 request pool on CPU tensors, `SchedulePolicy`, `PrefillAdder`, `ScheduleBatch.prepare_for_extend`
 allocating `out_cache_loc`), then "runs" the batch by emitting one output token per finished
 prefill and calling the same `release_kv_cache` / `maybe_cache_unfinished_req` paths as
-`process_batch_result_prefill`. With --overlap, a batch's result is processed one iteration late,
+`process_batch_result_prefill`; what differs between SGLang versions (0.5.17, 0.5.23) is in
+`sglang_prefill_ext.adapters.vX_Y_Z.replay`. With --overlap, a batch's result is processed one iteration late,
 after the next batch is scheduled, as in SGLang's overlap event loop.
 
 Reports, per trace and mode: prefill tokens computed (sum of extend lengths), the ideal (each
@@ -16,12 +17,14 @@ distinct token computed once), scheduling passes, decisions/s and CPU time per s
     python bench/schedule_replay.py                 # all traces, markdown table on stdout
     python bench/schedule_replay.py --trace burst-4k --overlap
 
-Needs the venv's SGLang patched by `sglang-prefill-ext apply --sglang-version 0.5.17`.
+Needs the venv's SGLang patched: `make apply SGLANG_VERSION=<its version>`. Flag off is stock's own
+tree cache (0.5.17: `RadixCache`; 0.5.23: `UnifiedRadixCache`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import platform
 import random
@@ -33,28 +36,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.constrained.grammar_manager import GrammarManager
-from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import CacheAwarePolicy, SchedulePolicy
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.mem_cache.allocator import (
-    PagedTokenToKVPoolAllocator,
-    TokenToKVPoolAllocator,
-    alloc_extend_naive,
-)
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.common import maybe_cache_unfinished_req, release_kv_cache
-from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
-from sglang.srt.runtime_context import publish
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.utils import get_num_new_pages
 
-from sglang_prefill_ext.adapters.testing_common import tree_cache_context_args
+from sglang_prefill_ext import adapters
+from sglang_prefill_ext.adapters.testing_common import ReplaySpec
 from sglang_prefill_ext.config import EVICTION_POLICIES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -170,13 +158,6 @@ def ideal_prefill_tokens(trace: list[TraceReq], page_size: int = 1) -> int:
 # ----- the scheduler under replay -----
 
 
-def parse_server_args(argv: list[str]) -> ServerArgs:
-    """`ServerArgs` as `launch_server` builds them (the patched parser knows the extension's flags)."""
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    return ServerArgs.from_cli_args(parser.parse_args(["--model-path", str(MODEL_CONFIG), *argv]))
-
-
 @dataclasses.dataclass
 class ReplayConfig:
     ext: bool
@@ -223,64 +204,18 @@ class ReplayScheduler:
 
     def __init__(self, config: ReplayConfig) -> None:
         self.config = config
-        server_args = parse_server_args(config.server_argv())
-        publish(server_args, role="test")
-        if config.page_size == 1:
-            allocator = TokenToKVPoolAllocator(
-                config.pool_tokens, torch.bfloat16, "cpu", None, need_sort=False
-            )
-        else:
-            allocator = CpuPagedAllocator(
-                config.pool_tokens, config.page_size, torch.bfloat16, "cpu", None, need_sort=False
-            )
-        max_len = 1 << 16  # the longest prompt of the traces + output
-        req_pool = ReqToTokenPool(config.max_running_requests, max_len, "cpu", enable_memory_saver=False)
-        params = CacheInitParams(
-            disable=False,
-            req_to_token_pool=req_pool,
-            token_to_kv_pool_allocator=allocator,
+        self.kit = adapters.current("replay")
+        spec = ReplaySpec(
+            argv=tuple(config.server_argv()),
+            model_path=str(MODEL_CONFIG),
+            pool_tokens=config.pool_tokens,
             page_size=config.page_size,
-            eviction_policy=server_args.radix_eviction_policy,
+            max_running_requests=config.max_running_requests,
+            row_tokens=1 << 16,  # the longest prompt of the traces + output
+            chunked_prefill_size=config.chunked_prefill_size,
+            overlap=config.overlap,
         )
-        ctx = TreeCacheBuildContext(
-            **tree_cache_context_args(server_args, config.page_size, params),
-            effective_chunked_prefill_size=config.chunked_prefill_size,
-        )
-        s = Scheduler.__new__(Scheduler)
-        s.server_args = server_args
-        s.tree_cache = create_tree_cache(ctx)
-        s.token_to_kv_pool_allocator = allocator
-        s.req_to_token_pool = req_pool
-        s.page_size = config.page_size
-        s.schedule_policy = server_args.schedule_policy
-        s.enable_hierarchical_cache = False
-        s.enable_priority_scheduling = False
-        s.schedule_low_priority_values_first = False
-        Scheduler.init_schedule_policy(s)
-        s.grammar_manager = GrammarManager.__new__(GrammarManager)
-        s.grammar_manager.grammar_queue = []
-        s.is_hybrid_swa = False
-        s.waiting_queue = []
-        s.chunked_req = None
-        s.min_free_slots_delayer = None
-        s.chunked_prefill_size = config.chunked_prefill_size
-        s.enable_dynamic_chunking = False
-        s.max_prefill_tokens = server_args.max_prefill_tokens
-        s.is_mixed_chunk = False
-        s.priority_scheduling_preemption_threshold = 0
-        s.max_running_requests = config.max_running_requests
-        s.dllm_config = None
-        s.enable_lora = False
-        s.disaggregation_mode = DisaggregationMode.NULL
-        s.enable_hicache_storage = False
-        s.truncation_align_size = None
-        s.model_config = ModelConfig(str(MODEL_CONFIG))
-        s.enable_overlap = config.overlap
-        s.spec_algorithm = SpeculativeAlgorithm.NONE
-        s.tp_worker = _NoModelWorker()
-        s._pending_chunked_abort_req = None
-        s.load_inquirer = _PendingTokens(s)
-        self.scheduler = s
+        self.scheduler = self.kit.new_scheduler(spec)
         self.running_batch = ScheduleBatch(reqs=[], batch_is_full=False)
         self.steps: list[StepRecord] = []
         self.prefill_tokens = 0
@@ -307,9 +242,7 @@ class ReplayScheduler:
         plan = Scheduler.get_new_batch_prefill(s, self.running_batch)
         cpu_s = time.process_time() - start
         batch = plan.batch_to_run
-        admitted = (
-            [] if batch is None else [(r.rid, r.extend_range.start, r.extend_range.end) for r in batch.reqs]
-        )
+        admitted = [] if batch is None else [(r.rid, *self.kit.extend_range(r)) for r in batch.reqs]
         self.steps.append(StepRecord(admitted, cpu_s))
         if batch is not None:
             self.prefill_tokens += batch.extend_num_tokens
@@ -318,24 +251,11 @@ class ReplayScheduler:
         if batch is not None:
             self._process_prefill_result(batch)
 
-    def _process_prefill_result(self, batch) -> None:
-        """`process_batch_result_prefill` for a model that emits OUTPUT_TOKEN."""
-        for req in batch.reqs:
-            if req.finished() and req.inflight_middle_chunks <= 0:
-                continue
-            if req.inflight_middle_chunks > 0:
-                req.inflight_middle_chunks -= 1
-                continue
-            req.time_stats.set_prefill_finished_time()
-            req.output_ids.append(OUTPUT_TOKEN)
-            req.update_finish_state()
-            if req.finished():
-                release_kv_cache(req, self.scheduler.tree_cache)
-                self.finished[req.rid] = req
-                # get_next_batch_to_run: the batch shrank, so the scheduler may admit again.
-                self.running_batch.batch_is_full = False
-            else:
-                maybe_cache_unfinished_req(req, self.scheduler.tree_cache)
+    def _process_prefill_result(self, batch: ScheduleBatch) -> None:
+        for req in self.kit.finish_prefill(self.scheduler, batch, OUTPUT_TOKEN):
+            self.finished[req.rid] = req
+            # get_next_batch_to_run: the batch shrank, so the scheduler may admit again.
+            self.running_batch.batch_is_full = False
 
     def busy(self) -> bool:
         s = self.scheduler
@@ -346,9 +266,19 @@ class ReplayScheduler:
         s = self.scheduler
         s.waiting_queue = [r for r in s.waiting_queue if r.rid != rid]
         if s.chunked_req is not None and s.chunked_req.rid == rid:
-            s._pending_chunked_abort_req = s.chunked_req
-            s.ipc_channels = _NoTokenizer()
-            Scheduler.process_pending_chunked_abort(s)
+            self.kit.abort_chunked(s)
+
+    def protected_len(self, req: Req) -> int:
+        """Tokens of `req`'s row the tree owns (matched or inserted)."""
+        return self.kit.protected_len(req)
+
+    def free_pages(self) -> torch.Tensor:
+        """The allocator's free pages in the order it hands them out."""
+        return self.kit.free_pages(self.scheduler.token_to_kv_pool_allocator)
+
+    def as_rank(self, **ranks: int) -> contextlib.AbstractContextManager[None]:
+        """The scheduler seen as the given TP / PP / CP ranks (e.g. `attn_tp_rank=1`)."""
+        return self.kit.as_rank(self.scheduler, **ranks)
 
     # ----- KV accounting -----
 
@@ -356,18 +286,15 @@ class ReplayScheduler:
         """Every KV slot by owner: free in the allocator, held by the tree, held by a live request."""
         s = self.scheduler
         allocator = s.token_to_kv_pool_allocator
-        pages = torch.cat((allocator.free_pages, allocator.release_pages))
+        pages = self.free_pages()
         if allocator.page_size > 1:
             pages = (pages[:, None] * allocator.page_size + torch.arange(allocator.page_size)).flatten()
-        live = [r for r in s.waiting_queue if r.req_pool_idx is not None]
+        live = [r for r in s.waiting_queue if self.kit.holds_kv(r)]
         if s.chunked_req is not None:
             live.append(s.chunked_req)
         if self._pending is not None:
-            live.extend(r for r in self._pending.reqs if r.req_pool_idx is not None)
-        owned = [
-            s.req_to_token_pool.req_to_token[r.req_pool_idx, r.cache_protected_len : r.kv.kv_allocated_len]
-            for r in dict.fromkeys(live)
-        ]
+            live.extend(r for r in self._pending.reqs if self.kit.holds_kv(r))
+        owned = [self.kit.owned_slots(s, r) for r in dict.fromkeys(live)]
         return {
             "free": pages.to(torch.int64),
             "tree": (
@@ -400,61 +327,6 @@ class ReplayScheduler:
                 f"{cache.evictable_size()} evictable + {cache.protected_size()} protected"
             )
         return errors
-
-
-class CpuPagedAllocator(PagedTokenToKVPoolAllocator):
-    """SGLang's paged allocator with its own reference `alloc_extend_naive` in place of the Triton kernel."""
-
-    def alloc_extend(
-        self,
-        prefix_lens: torch.Tensor,
-        prefix_lens_cpu: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_cpu: torch.Tensor,
-        last_loc: torch.Tensor,
-        extend_num_tokens: int,
-        num_new_pages: int | None = None,
-    ) -> torch.Tensor | None:
-        if num_new_pages is None:
-            num_new_pages = get_num_new_pages(
-                seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
-            )
-        if num_new_pages > len(self.free_pages):
-            return None
-        out = torch.empty((extend_num_tokens,), dtype=torch.int64)
-        alloc_extend_naive(prefix_lens, seq_lens, last_loc, self.free_pages, out, self.page_size, self.device)
-        self.free_pages = self.free_pages[num_new_pages:]
-        return out
-
-
-class _NoModelWorker:
-    """`tp_worker.model_runner.prefill_aware_swa` is all the prefill path reads of the worker."""
-
-    class model_runner:  # noqa: N801 - mirrors the attribute path SGLang reads
-        prefill_aware_swa = False
-
-
-class _PendingTokens:
-    """`SchedulerLoadInquirer._get_num_pending_tokens`, the one load query the prefill path makes."""
-
-    def __init__(self, scheduler) -> None:
-        self.scheduler = scheduler
-
-    def _get_num_pending_tokens(self, chunk_deduct: int = 0) -> int:
-        s = self.scheduler
-        pending = sum(r.seqlen for r in s.waiting_queue)
-        if s.chunked_req is not None:
-            pending += s.chunked_req.seqlen - len(s.chunked_req.prefix_indices) - chunk_deduct
-        return pending
-
-
-class _NoTokenizer:
-    """The abort path notifies the tokenizer; the replay has none."""
-
-    class send_to_tokenizer:  # noqa: N801 - mirrors the attribute path SGLang reads
-        @staticmethod
-        def send_output(*args: object) -> None:
-            return None
 
 
 # ----- replay -----

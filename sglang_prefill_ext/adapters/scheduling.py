@@ -3,11 +3,11 @@
 A version's `scheduler.py` subclasses `PrefillExtScheduler` with what its `Req` and
 `SchedulePolicy` spell differently: `landed` (a flight's pages are in the tree or its producer
 stopped), `position` (where a request's match ends), `_match` (SGLang's own prefix match of a
-waiting request), `_extend_end` (where the chunk just admitted ends) and `_is_lpm`. The fields read
+waiting request) and `_extend_end` (where the chunk just admitted ends). The fields read
 here (`last_node`, `full_untruncated_fill_ids`, `time_stats`, `extend_batch_idx`, the adder's
-`can_run_list` / `log_hit_tokens`, ...) mean the same in every supported version. Like the
-per-version modules, this imports nothing from SGLang: the patched `mem_cache/common.py` loads it
-while SGLang's own modules are still loading.
+`can_run_list` / `log_hit_tokens`, `CacheAwarePolicy.LPM`, ...) mean the same in every supported
+version. Like the per-version modules, this imports SGLang only lazily: the patched
+`mem_cache/common.py` loads it while SGLang's own modules are still loading.
 """
 
 from __future__ import annotations
@@ -69,10 +69,6 @@ class PrefillExtScheduler:
     # ----- what each version spells its own way -----
 
     @staticmethod
-    def _is_lpm(policy: Any) -> bool:
-        raise NotImplementedError
-
-    @staticmethod
     def landed(flight: Flight) -> bool:
         """The producer's pages are in the tree, or it stopped computing them (finished, aborted, retracted)."""
         raise NotImplementedError
@@ -89,6 +85,12 @@ class PrefillExtScheduler:
     def _match(self, req: Req) -> int:
         """Re-match waiting `req` as stock's cache-aware ordering does; its matched prefix length."""
         raise NotImplementedError
+
+    @staticmethod
+    def _is_lpm(policy: Any) -> bool:
+        from sglang.srt.managers.schedule_policy import CacheAwarePolicy
+
+        return policy.policy == CacheAwarePolicy.LPM
 
     # ----- the patch's calls -----
 

@@ -1,4 +1,4 @@
-"""SGLang 0.5.17's real prefill scheduling on CPU pools, stock and under --enable-prefill-ext.
+"""The installed SGLang's real prefill scheduling on CPU pools, stock and under --enable-prefill-ext.
 
 Every replay checks the KV accounting after each scheduler iteration: each slot of the pool has
 exactly one owner (allocator free list, tree, or a live request), and the tree's evictable +
@@ -11,6 +11,8 @@ import json
 from types import ModuleType
 
 import pytest
+
+from sglang_prefill_ext import adapters
 
 SMALL_CHUNK = 2048
 POOL = 1 << 17  # small enough that the per-step slot census stays cheap
@@ -84,7 +86,7 @@ def test_aborting_the_chunked_producer_leaves_waiters_correct(replay: ModuleType
     assert producer is not None and producer.rid == "b0"
     waiting = {r.rid for r in scheduler.scheduler.waiting_queue}
     assert waiting == {f"b{i}" for i in range(1, n)}
-    landed = producer.cache_protected_len  # the chunks already stashed in the tree
+    landed = scheduler.protected_len(producer)  # the chunks already stashed in the tree
     assert 0 < landed < shared
     scheduler.abort(producer.rid)
     assert scheduler.kv_accounting_errors() == []
@@ -157,7 +159,7 @@ def test_the_slot_census_catches_leaks_and_double_frees(replay: ModuleType) -> N
 
 def test_request_log_has_one_line_per_request(replay: ModuleType, tmp_path) -> None:
     log = tmp_path / "requests.jsonl"
-    trace = replay.burst(6, 4096, 64)
+    trace = replay.burst(6, 4000, 64)
     scheduler = replay.ReplayScheduler(
         replay.ReplayConfig(
             ext=True, chunked_prefill_size=1024, pool_tokens=POOL, extra_args=("--prefill-ext-log", str(log))
@@ -175,9 +177,11 @@ def test_request_log_has_one_line_per_request(replay: ModuleType, tmp_path) -> N
     assert records["b0"]["output_tokens"] == 0
     finished = [records[f"b{i}"] for i in range(1, 6)]
     assert all(r["error"] is None and r["output_tokens"] == 1 for r in finished)
-    assert all(r["input_len"] == 4096 + 64 for r in finished)
-    # Every waiter deferred behind an in-flight chunk; one of them then computed the rest in chunks.
-    assert all(r["deduped_tokens"] >= 1024 for r in finished)
+    assert all(r["input_len"] == 4000 + 64 for r in finished)
+    # One waiter took over as producer and computed the rest in chunks; every other one deferred behind
+    # an in-flight chunk and records what it waited for.
+    deduped = [r["deduped_tokens"] for r in finished]
+    assert sum(tokens >= 64 for tokens in deduped) >= len(finished) - 1
     assert max(r["chunks"] for r in finished) > 1
     assert all(r["ttft_ms"] >= r["queue_ms"] >= 0 for r in finished)
 
@@ -188,16 +192,13 @@ def test_request_log_has_one_line_per_request(replay: ModuleType, tmp_path) -> N
 def test_only_the_first_parallel_rank_writes_the_request_log(
     replay: ModuleType, tmp_path, rank: dict[str, int], writes: bool
 ) -> None:
-    from sglang.srt.distributed.parallel_state_wrapper import ParallelState
-
-    from sglang_prefill_ext.adapters.v0_5_17 import scheduler as adapter
-
+    adapter = adapters.current("scheduler")
     log = tmp_path / "requests.jsonl"
     replayed = replay.ReplayScheduler(
         replay.ReplayConfig(ext=True, pool_tokens=POOL, extra_args=("--prefill-ext-log", str(log)))
     )
-    replayed.scheduler.ps = ParallelState.trivial(**rank)
-    runner = adapter.build(replayed.scheduler)
+    with replayed.as_rank(**rank):
+        runner = adapter.build(replayed.scheduler)
     assert (runner.log is not None) is writes
     assert (adapter.REQUEST_LOG is runner) is writes
 

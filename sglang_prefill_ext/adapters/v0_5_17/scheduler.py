@@ -27,7 +27,6 @@ from sglang_prefill_ext.runner import Flight, Position
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
-    from sglang.srt.managers.schedule_policy import SchedulePolicy
     from sglang.srt.managers.scheduler import Scheduler
 
 # The scheduler whose `--prefill-ext-log` the patched `release_kv_cache` feeds (None: no log).
@@ -54,12 +53,6 @@ def position(req: Req, length: int) -> Position:
 class PrefillExtScheduler(scheduling.PrefillExtScheduler):
     landed = staticmethod(landed)
     position = staticmethod(position)
-
-    @staticmethod
-    def _is_lpm(policy: SchedulePolicy) -> bool:
-        from sglang.srt.managers.schedule_policy import CacheAwarePolicy
-
-        return policy.policy == CacheAwarePolicy.LPM
 
     @staticmethod
     def _extend_end(req: Req) -> int:

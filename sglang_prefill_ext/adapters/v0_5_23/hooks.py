@@ -32,8 +32,20 @@ CONFLICTING_FLAGS = common.conflicting_flags(
 )
 
 
-# Options whose code (runner, attention backend) is hooked into 0.5.17 only so far.
-PORTED_OPTIONS = frozenset({"eviction"})
+# The tree's and the scheduler runner's options; the attention backend's (sparse, cascade, ...) are
+# hooked into 0.5.17 only so far and refused here by name.
+PORTED_OPTIONS = frozenset(
+    {
+        "eviction",
+        "schedule",
+        "dedup",
+        "dedup_min_tokens",
+        "dedup_max_wait_passes",
+        "protect_waiting",
+        "max_wait_passes",
+        "log",
+    }
+)
 
 
 def validate_server_args(server_args: ServerArgs) -> None:

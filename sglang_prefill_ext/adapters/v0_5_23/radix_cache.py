@@ -31,6 +31,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import split_node_hash_value
 
 from sglang_prefill_ext.adapters.tree_backed import PrefixTreeCacheMixin
+from sglang_prefill_ext.adapters.v0_5_23.keys import key_parts, namespace
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.radix.handle import MatchHandle
 from sglang_prefill_ext.radix.node import Node
@@ -41,16 +42,6 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
 
 _MAX_PRIORITY = torch.iinfo(torch.int64).max
-
-
-def namespace(extra_key: str | None, cache_salt: str | None) -> Hashable:
-    """The core's namespace for a 0.5.23 key: `extra_key`, paired with `cache_salt` when salted."""
-    return extra_key if cache_salt is None else (extra_key, cache_salt)
-
-
-def key_parts(space: Hashable) -> tuple[str | None, str | None]:
-    """`(extra_key, cache_salt)` of a namespace made by `namespace`."""
-    return space if isinstance(space, tuple) else (space, None)  # type: ignore[return-value]
 
 
 class EventNode:
