@@ -1,5 +1,8 @@
 """CPU benchmark: stock SGLang RadixCache vs PrefillExtRadixCache on the same generated workloads.
 
+Runs on the installed SGLang (0.5.17 or 0.5.23), against that version's own stock `RadixCache`; no
+patch needed.
+
 For each page size and prompt length: tens of cached sequences sharing a common prefix and diverging
 at random points. Reports the p50 of insert, first match, re-match of a waiting request (stock:
 a full match_prefix again; ours: the request's match handle is extended) and evict, with ratios.
@@ -24,9 +27,11 @@ import torch
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-from sglang_prefill_ext.adapters.v0_5_17.radix_cache import PrefillExtRadixCache
+from sglang_prefill_ext import adapters
+
+HARNESS = adapters.current("testing")
+PrefillExtRadixCache = adapters.current("radix_cache").PrefillExtRadixCache
 
 OPERATIONS = ("insert", "first match", "re-match", "evict")
 
@@ -70,19 +75,20 @@ def run_workload(cls: type, prompts: list[array], page_size: int) -> dict[str, f
     allocator = cache.token_to_kv_pool_allocator
     samples: dict[str, list[float]] = {op: [] for op in OPERATIONS}
     for prompt in prompts:
-        key = RadixKey(prompt)
-        cached = len(cache.match_prefix(MatchPrefixParams(key=key)).device_indices)
-        value = torch.cat(
-            [cache.match_prefix(MatchPrefixParams(key=key)).device_indices, allocator.alloc(length - cached)]
+        matched = HARNESS.matched_indices(
+            cache, cache.match_prefix(MatchPrefixParams(key=HARNESS.radix_key(prompt)))
         )
-        samples["insert"].append(timed(cache.insert, InsertParams(key=RadixKey(prompt), value=value)))
+        value = torch.cat([matched, allocator.alloc(length - len(matched))])
+        samples["insert"].append(
+            timed(cache.insert, InsertParams(key=HARNESS.radix_key(prompt), value=value))
+        )
     for prompt in prompts:
         # A follow-up turn: the whole cached prompt plus new tokens, matched while it waits in the queue.
         follow_up = prompt + array("q", range(64 * page_size))
         request = WaitingRequest()
-        params = MatchPrefixParams(key=RadixKey(follow_up), req=request)
+        params = MatchPrefixParams(key=HARNESS.radix_key(follow_up), req=request)
         samples["first match"].append(timed(cache.match_prefix, params))
-        params = MatchPrefixParams(key=RadixKey(follow_up), req=request)
+        params = MatchPrefixParams(key=HARNESS.radix_key(follow_up), req=request)
         samples["re-match"].append(timed(cache.match_prefix, params))
     while cache.evictable_size() > 0:
         samples["evict"].append(timed(cache.evict, EvictParams(num_tokens=length // 4)))
@@ -98,6 +104,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
+    print(f"SGLang {adapters.installed_version()}, stock {HARNESS.STOCK_RADIX_CACHE.__name__}\n")
     print("| page | prompt tokens | operation | stock p50 (µs) | prefill-ext p50 (µs) | speed-up |")
     print("|---:|---:|---|---:|---:|---:|")
     for page_size in args.pages:
@@ -105,7 +112,7 @@ def main() -> None:
             prompts = make_prompts(length, args.sequences, page_size, args.seed)
             runs = [
                 (
-                    run_workload(RadixCache, prompts, page_size),
+                    run_workload(HARNESS.STOCK_RADIX_CACHE, prompts, page_size),
                     run_workload(PrefillExtRadixCache, prompts, page_size),
                 )
                 for _ in range(args.repeat)
