@@ -15,6 +15,9 @@ from typing import Any
 OPTIONS_DEST = "prefill_ext_options"
 ENABLE_FLAG = "--enable-prefill-ext"
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "cost")
+# The tree's policy unless one is asked for: it beats or ties LRU on the replay's eviction table.
+DEFAULT_EVICTION = "cost"
+SGLANG_DEFAULT_EVICTION = "lru"  # --radix-eviction-policy's default
 SCHEDULES = ("auto", "lpm-aging", "stock")
 
 
@@ -27,8 +30,9 @@ class PrefillExtConfig:
     eviction: str | None = _option(
         None,
         "Eviction policy of the extension's prefix tree: SGLang's own (lru, lfu, fifo, mru, filo, "
-        "priority) or 'cost', which keeps nodes whose recomputation costs most (tokens x depth, "
-        "weighted by hits and recency). Unset: SGLang's --radix-eviction-policy.",
+        "priority) or 'cost', which evicts the least expected recompute cost per slot (reuse estimated "
+        "as log-damped hits over idle time, times a per-token cost growing with depth). Unset: "
+        "SGLang's --radix-eviction-policy when set to other than its default (lru), else cost.",
         EVICTION_POLICIES,
     )
     sparse: bool = _option(
@@ -127,6 +131,14 @@ class PrefillExtConfig:
         "Append one JSON line per finished request to this file: rid, input_len, cached_tokens, "
         "deduped_tokens, chunks, queue_ms, prefill_ms, ttft_ms, output_tokens, error (empty: off).",
     )
+
+    def tree_eviction(self, sglang_policy: str) -> str:
+        """The tree's policy: this option when given, else a non-default `--radix-eviction-policy`,
+        else DEFAULT_EVICTION (pass `--prefill-ext-eviction lru` for LRU)."""
+        if self.eviction is not None:
+            return self.eviction
+        sglang_policy = sglang_policy.lower()
+        return DEFAULT_EVICTION if sglang_policy == SGLANG_DEFAULT_EVICTION else sglang_policy
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> PrefillExtConfig:

@@ -117,7 +117,9 @@ class PrefixTreeCacheMixin:
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
         self.page_size = params.page_size
         self.is_eagle = False
-        self.eviction_policy = ((config and config.eviction) or params.eviction_policy).lower()
+        # No config: the drop-in for SGLang's RadixCache keeps its policy (the differential tests).
+        policy = config.tree_eviction(params.eviction_policy) if config else params.eviction_policy
+        self.eviction_policy = policy.lower()
         if params.enable_metrics:
             self.init_metrics_collector()  # type: ignore[attr-defined]
         self.device = pool_device(self.token_to_kv_pool_allocator)

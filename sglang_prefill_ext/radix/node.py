@@ -34,7 +34,6 @@ class Node:
         "priority",
         "last_access",
         "created",
-        "cost_base",
         "grid_hashes",
         "alive",
         "id",
@@ -63,7 +62,6 @@ class Node:
         self.priority = priority
         self.last_access = now
         self.created = now
-        self.cost_base = 0.0
         self.grid_hashes = NO_HASHES
         self.alive = True
         self.id = next(_ids)

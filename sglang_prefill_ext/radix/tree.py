@@ -57,7 +57,6 @@ class PrefixTree:
         self.page_size = page_size
         self.eviction = eviction.lower()
         self._eviction_key = eviction_key(self.eviction)
-        self._ages_on_eviction = self.eviction == "cost"
         self.values = values or NumpyValues()
         self._on_split = on_split
         self._hasher = hasher or GridHasher(grid_step(page_size))
@@ -81,7 +80,6 @@ class PrefixTree:
         self.protected_tokens = 0
         self.cached_tokens = 0
         self.counters.nodes = 0
-        self._inflation = 0.0
 
     def query(self, tokens: np.ndarray, namespace: Hashable = None) -> Query:
         return Query(tokens, namespace, self.page_size, self._hasher)
@@ -168,7 +166,6 @@ class PrefixTree:
 
     def _mark_used(self, node: Node, access: int, priority: int, chunked: bool) -> None:
         node.last_access = access
-        node.cost_base = self._inflation
         node.priority = max(node.priority, priority)
         # A chunked request re-inserting its own earlier chunks is not a reuse.
         node.hit_count += 0 if chunked else 1
@@ -186,7 +183,6 @@ class PrefixTree:
             priority,
         )
         leaf.hit_count = 0 if chunked else 1
-        leaf.cost_base = self._inflation
         parent.children[self._child_key(parent, query, start)] = leaf
         self.index.register(leaf, query, self._hasher.seed(query.namespace))
         self.evictable_tokens += leaf.size
@@ -256,7 +252,6 @@ class PrefixTree:
     def _touch_path(self, node: Node, access: int) -> None:
         while node is not None:
             node.last_access = access
-            node.cost_base = self._inflation
             node = node.parent
 
     def _split(self, node: Node, offset: int) -> Node:
@@ -274,7 +269,6 @@ class PrefixTree:
         )
         prefix.hit_count = node.hit_count
         prefix.lock_ref = node.lock_ref
-        prefix.cost_base = self._inflation
         node.tokens = node.tokens[offset * TOKEN_BYTES :]
         node.value = node.value[offset:]
         node.depth += offset
@@ -324,21 +318,19 @@ class PrefixTree:
 
     def evict(self, num_tokens: int) -> list[Node]:
         """Free at least `num_tokens` (if that much is evictable), leaves first, in policy order."""
-        order = self._eviction_key
-        heap = [(order(leaf), leaf.id, leaf) for leaf in self.evictable_leaves]
+        order, now = self._eviction_key, self._clock
+        heap = [(order(leaf, now), leaf.id, leaf) for leaf in self.evictable_leaves]
         heapq.heapify(heap)
         evicted: list[Node] = []
         freed = 0
         while freed < num_tokens and heap:
-            key, _, node = heapq.heappop(heap)
+            _, _, node = heapq.heappop(heap)
             self._remove_leaf(node)
             evicted.append(node)
             freed += node.size
-            if self._ages_on_eviction:
-                self._inflation = max(self._inflation, key[0])
             parent = node.parent
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (order(parent), parent.id, parent))
+                heapq.heappush(heap, (order(parent, now), parent.id, parent))
         self.counters.evicted_tokens += freed
         return evicted
 
