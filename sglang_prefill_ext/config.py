@@ -122,6 +122,22 @@ class PrefillExtConfig:
         "so eviction takes the prefixes of the requests the scheduler reaches last instead of the queue "
         "head's (which, having waited longest, LRU would evict first).",
     )
+    chunk_align_tail: float = _option(
+        0.25,
+        "A chunked prompt's chunk ends on a page boundary and, when a waiting request's prompt stops "
+        "sharing it within this last fraction of the chunk, at that divergence point, so the landed chunk "
+        "is the node the waiting request matches (0: page boundaries only).",
+    )
+    decode_adaptive_budget: int = _option(
+        0,
+        "With more than N requests decoding, a pass's prefill chunk shrinks to --chunked-prefill-size x N / "
+        "decoding (page-aligned, at least --prefill-ext-decode-budget-min-tokens), bounding how long a prefill "
+        "pass stalls decoding; 0: always --chunked-prefill-size (SGLang's behaviour).",
+    )
+    decode_budget_min_tokens: int = _option(
+        1024,
+        "--prefill-ext-decode-adaptive-budget never shrinks a pass's prefill chunk below this many tokens.",
+    )
     max_wait_passes: int = _option(
         32, "lpm-aging: a request that has waited this many scheduling passes is ordered first (FCFS)."
     )

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.radix.node import Node
+from sglang_prefill_ext.radix.tokens import as_token_array
 from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
+from sglang_prefill_ext.runner.chunking import aligned_chunk_end, decode_adaptive_budget, divergence_points
 from sglang_prefill_ext.runner.metrics import CounterDeltas
 from sglang_prefill_ext.runner.request_log import JsonlLog, RequestRecord
 
@@ -47,6 +49,8 @@ class PrefillExtScheduler:
     ) -> None:
         self.policy = policy
         self.tree_cache = tree_cache
+        self.config = config
+        self.page_size = page_size
         schedule = config.schedule
         if schedule == "auto":
             schedule = "lpm-aging" if self._is_lpm(policy) else "stock"
@@ -65,6 +69,7 @@ class PrefillExtScheduler:
         self._deduped: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
         self._adder: Adder | None = None
         self._tracked = 0
+        self._waiting: list[Req] = []
 
     # ----- what each version spells its own way -----
 
@@ -97,7 +102,7 @@ class PrefillExtScheduler:
     def calc_priority(self, waiting_queue: list[Req], running_batch: Any = None, **stock: Any) -> None:
         """In place of `SchedulePolicy.calc_priority` (`stock`: that version's further arguments)."""
         self.runner.begin_pass(waiting_queue, self.landed)
-        self._adder, self._tracked = None, 0
+        self._adder, self._tracked, self._waiting = None, 0, waiting_queue
         if self.schedule == "stock":
             self.policy.calc_priority(waiting_queue, running_batch, **stock)
         else:
@@ -106,6 +111,19 @@ class PrefillExtScheduler:
                 sign = self.policy.priority_sign
                 waiting_queue.sort(key=lambda r: r.priority * sign)
         self.runner.protect(waiting_queue, self._stamp, self._match, self._touch)
+
+    def chunk_budget(self, chunked_prefill_size: int | None, decoding: int) -> int | None:
+        """This pass's chunked-prefill budget with `decoding` requests running (None: chunking off)."""
+        config = self.config
+        if chunked_prefill_size is None:
+            return None
+        return decode_adaptive_budget(
+            chunked_prefill_size,
+            decoding,
+            config.decode_adaptive_budget,
+            config.decode_budget_min_tokens,
+            self.page_size,
+        )
 
     def _touch(self, req: Req) -> None:
         self.tree_cache.tree.touch(req.last_node)
@@ -143,12 +161,41 @@ class PrefillExtScheduler:
         if adder is not self._adder:
             self._adder, self._tracked = adder, 0
         for req in adder.can_run_list[self._tracked :]:
-            end = self._extend_end(req)
+            end = self._chunk_end(req)
             self.runner.track(req, self.position(req, end), end)
             deduped = self.runner.deduped_tokens(req)
             if deduped:
                 self._deduped[req] = deduped
         self._tracked = len(adder.can_run_list)
+
+    def _chunk_end(self, req: Req) -> int:
+        """Where `req`'s admitted range ends; a version that can move a chunk's end moves it to
+        `_aligned_end` here (0.5.17 does; elsewhere SGLang's own end stands)."""
+        return self._extend_end(req)
+
+    def _aligned_end(self, req: Req) -> int:
+        """`req`'s chunk end aligned to pages and to a waiting request's divergence point."""
+        end = self._extend_end(req)
+        if end >= len(req.full_untruncated_fill_ids):
+            return end  # not chunked: the whole rest of the prompt this pass
+        ours = self.position(req, end)
+        anchors = {self.tree_cache.tree.root, *req.last_node.path()}
+        others = (
+            # Its prompt: a waiting request's fill ids exist only once the admission loop reached it.
+            dataclasses.replace(
+                self.position(other, 0),
+                tokens=as_token_array(other.origin_input_ids, len(other.origin_input_ids)),
+            )
+            for other in self._waiting
+            if other is not req and other.last_node is not None
+        )
+        return aligned_chunk_end(
+            ours.start,
+            end,
+            self.page_size,
+            divergence_points(ours, end, others, anchors),
+            self.config.chunk_align_tail,
+        )
 
     def released(self, req: Req) -> None:
         """`req` finished or was aborted: its log line."""

@@ -58,6 +58,12 @@ class PrefillExtScheduler(scheduling.PrefillExtScheduler):
     def _extend_end(req: Req) -> int:
         return req.extend_range.end
 
+    def _chunk_end(self, req: Req) -> int:
+        end = self._aligned_end(req)
+        if end != req.extend_range.end:
+            req.set_extend_range(req.extend_range.start, end)
+        return end
+
     def _match(self, req: Req) -> int:
         from sglang.srt.managers.schedule_policy import match_prefix_for_req
 
