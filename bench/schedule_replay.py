@@ -43,7 +43,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 from sglang_prefill_ext import adapters
 from sglang_prefill_ext.adapters.testing_common import ReplaySpec
-from sglang_prefill_ext.config import EVICTION_POLICIES
+from sglang_prefill_ext.config import DEFAULT_EVICTION, EVICTION_POLICIES
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_CONFIG = REPO / "bench" / "models" / "llama3-8b-dummy"
@@ -438,7 +438,8 @@ def stock_lpm_uncut_cost(queue_len: int, length: int, config: ReplayConfig, docs
 
 def eviction_rows(pools: list[int], chunked_prefill_size: int) -> list[str]:
     """Per trace and pool size: prefill tokens, hit rate and recomputed tokens, stock LRU vs each
-    extension eviction policy (same scheduling otherwise: fcfs, dedup on)."""
+    extension eviction policy (same scheduling otherwise: fcfs, dedup and --prefill-ext-protect-waiting
+    on), and the extension's LRU with those off (stock's tree semantics) and with protection off."""
     lines = [
         "| trace | pool tokens | tree | prefill tokens | hit rate | recomputed vs ideal |",
         "|---|---:|---|---:|---:|---:|",
@@ -449,14 +450,19 @@ def eviction_rows(pools: list[int], chunked_prefill_size: int) -> list[str]:
         ideal = ideal_prefill_tokens(trace)
         for pool in pools:
             variants = [("stock RadixCache lru", False, ("--radix-eviction-policy", "lru"))]
+            unprotected = ("--prefill-ext-eviction", "lru", "--prefill-ext-protect-waiting", "false")
             variants.append(
-                (
-                    "ext lru, dedup off",
-                    True,
-                    ("--prefill-ext-eviction", "lru", "--prefill-ext-dedup", "false"),
-                )
+                ("ext lru, dedup off, protect off", True, (*unprotected, "--prefill-ext-dedup", "false"))
             )
-            variants += [(f"ext {p}", True, ("--prefill-ext-eviction", p)) for p in EVICTION_POLICIES]
+            variants.append(("ext lru, protect off", True, unprotected))
+            variants += [
+                (
+                    f"ext {p}{' (default)' if p == DEFAULT_EVICTION else ''}",
+                    True,
+                    ("--prefill-ext-eviction", p),
+                )
+                for p in EVICTION_POLICIES
+            ]
             for label, ext, args in variants:
                 config = ReplayConfig(
                     ext=ext, pool_tokens=pool, chunked_prefill_size=chunked_prefill_size, extra_args=args
