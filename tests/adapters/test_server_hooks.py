@@ -73,6 +73,18 @@ def test_options_not_ported_to_this_version_refused(
         )
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "parsed"),
+    [("dedup", "false", False), ("schedule", "lpm-aging", "lpm-aging"), ("max_wait_passes", "4", 4)],
+)
+def test_scheduler_runner_options_served_on_every_version(
+    sglang_harness: ModuleType, option: str, value: str, parsed: object
+) -> None:
+    flag = f"--prefill-ext-{option.replace('_', '-')}"
+    args = sglang_harness.parse_server_args("--enable-prefill-ext", flag, value)
+    assert args.prefill_ext_options == {option: parsed}
+
+
 @pytest.mark.parametrize("path", ["sparse", "cascade"])
 def test_attention_paths_need_the_flashinfer_backend(sglang_harness: ModuleType, path: str) -> None:
     if PORTED is not None and path not in PORTED:

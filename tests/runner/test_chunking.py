@@ -1,5 +1,6 @@
 """Chunk plans: ends aligned to pages and to waiting requests' divergence points, the decode-adaptive
-budget; the rules alone, then on SGLang 0.5.17's real scheduler through the replay."""
+budget; the rules alone, then on the real scheduler through the replay (0.5.17: 0.5.23 keeps SGLang's
+chunk ends and refuses these flags)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from sglang_prefill_ext.runner import Position
 from sglang_prefill_ext.runner.chunking import aligned_chunk_end, decode_adaptive_budget, divergence_points
+from tests.runner.conftest import ported
 from tests.runner.test_scheduler_replay import run
 
 
@@ -49,6 +51,7 @@ def _shared_then_own(replay: ModuleType, shared: int, own: int) -> list:
     return [replay.TraceReq(f"p{i}", tuple(prefix + replay._tokens(rng, own))) for i in range(2)]
 
 
+@ported("chunk_align_tail")
 @pytest.mark.parametrize(("tail", "first_chunk"), [("0.25", 1900), ("0", 2048)])
 def test_a_chunk_ends_where_a_waiting_prompt_diverges(
     replay: ModuleType, tail: str, first_chunk: int
@@ -71,6 +74,7 @@ def test_a_chunk_ends_where_a_waiting_prompt_diverges(
     assert (splits == 0) is (first_chunk == 1900)
 
 
+@ported("decode_adaptive_budget")
 def test_decode_adaptive_budget_on_the_scheduler(replay: ModuleType) -> None:
     """16 requests decoding, reference 4: the long prompt's chunks shrink to 8192 x 4 / 16 = 2048."""
     trace = [replay.TraceReq("long", tuple(range(1000, 7000)))]
