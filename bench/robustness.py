@@ -5,13 +5,14 @@
     python bench/robustness.py compare stock.json ext.json
 
 `run`, in order:
-1. malformed requests (empty input_ids, one token over the context length, ids >= the vocabulary,
-   a negative id, neither text nor input_ids, max_new_tokens < 0): the HTTP status and error text of
-   each, and whether /health still answers 200 after it;
+1. malformed requests (empty input_ids, one token over the context length, neither text nor
+   input_ids, max_new_tokens < 0): the HTTP status and error text of each, and whether /health still
+   answers 200 after it;
 2. `--long-reps` prompts of `--long-len` random tokens, two at a time (each distinct: every one is
    prefilled in full, and the pool must evict earlier ones), max_new_tokens 4: failures and TTFTs;
 3. an idle spell (SGLang checks its KV pools for leaks on every idle pass and, by default, fails hard
-   when it finds one): /health after it, and the server log searched for leak reports.
+   when it finds one): /health after it, and the server log searched for leak reports;
+4. last, the requests that take stock 0.5.17 down (ids >= the vocabulary, a negative id).
 `compare` prints whether every variant answered every malformed request the same way.
 """
 
@@ -59,17 +60,28 @@ def healthy(url: str) -> bool:
         return False
 
 
-def bad_requests(context_len: int, vocab: int) -> dict[str, dict[str, Any]]:
+def bad_requests(context_len: int, vocab: int) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(requests any server should answer, requests that may take a server down: sent last)."""
     greedy = {"max_new_tokens": 4, "temperature": 0.0}
-    return {
+    answered = {
         "empty_input_ids": {"input_ids": [], "sampling_params": greedy},
         "over_context_length": {"input_ids": [7] * (context_len + 1), "sampling_params": greedy},
-        "id_equal_vocab": {"input_ids": [1, 2, vocab, 3], "sampling_params": greedy},
-        "id_far_over_vocab": {"input_ids": [1, 2, vocab + 100_000, 3], "sampling_params": greedy},
-        "negative_id": {"input_ids": [1, -5, 3], "sampling_params": greedy},
         "no_prompt": {"sampling_params": greedy},
         "negative_max_new_tokens": {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": -1}},
     }
+    risky = {
+        "id_equal_vocab": {"input_ids": [1, 2, vocab, 3], "sampling_params": greedy},
+        "id_far_over_vocab": {"input_ids": [1, 2, vocab + 100_000, 3], "sampling_params": greedy},
+        "negative_id": {"input_ids": [1, -5, 3], "sampling_params": greedy},
+    }
+    return answered, risky
+
+
+def send_bad(url: str, label: str, requests: dict[str, dict[str, Any]], into: dict[str, Any]) -> None:
+    for name, payload in requests.items():
+        status, body = _post(url + "/generate", payload)
+        into[name] = dict(status=status, body=body, healthy_after=healthy(url))
+        print(f"[{label}] {name}: HTTP {status} {body[:160]!r}", flush=True)
 
 
 async def long_prompts(
@@ -107,10 +119,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     context_len = int(info.get("context_length") or config["max_position_embeddings"])
     vocab = int(config["vocab_size"])
     result: dict[str, Any] = dict(label=a.label, context_length=context_len, vocab_size=vocab, bad_inputs={})
-    for name, payload in bad_requests(context_len, vocab).items():
-        status, body = _post(url + "/generate", payload)
-        result["bad_inputs"][name] = dict(status=status, body=body, healthy_after=healthy(url))
-        print(f"[{a.label}] {name}: HTTP {status} {body[:160]!r}", flush=True)
+    answered, risky = bad_requests(context_len, vocab)
+    send_bad(url, a.label, answered, result["bad_inputs"])
     if a.long_reps:
         result["long"] = asyncio.run(long_prompts(url, a.label, a.long_reps, a.long_len, vocab, a.deadline))
         print(f"[{a.label}] long prompts: {result['long']}", flush=True)
@@ -121,6 +131,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         result["log_findings"] = [
             line[:300] for line in text.splitlines() if any(m in line for m in LEAK_MARKERS)
         ][:10]
+    send_bad(url, a.label, risky, result["bad_inputs"])
     Path(a.out).write_text(json.dumps(result, indent=1))
     ok = (
         result["healthy_after_idle"]

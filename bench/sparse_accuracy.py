@@ -1,7 +1,7 @@
 """Accuracy of block-sparse prefill on real weights: next-token predictions, sparse vs dense (issue 6).
 
     python bench/sparse_accuracy.py --model-dir DIR [--prompts 8] [--length 8192] [--json PATH]
-        [--threshold 0.05] [--dense-layers 2] [--block-size 128]
+        [--thresholds 0.05 ...] [--local-blocks 4 ...] [--dense-layers 2] [--block-size 128]
 
 Loads an HF checkpoint (SmolLM2-135M-Instruct, converted by scripts/models/convert_smollm2.py) with
 transformers on the GPU and runs each prompt of `--length` tokens of real text (`real_text.py`) twice:
@@ -9,7 +9,8 @@ dense (torch SDPA, causal) and with every layer from `--dense-layers` on attendi
 package's `SparsePrefill` exactly as the serving backend runs a fresh prompt (one KV pool slot per
 position, selection and plan at the first sparse layer, shared by the later layers). Reports, over
 every position and over the positions past the first 1,024: top-1 agreement of the next-token
-argmax, mean KL(dense || sparse) of the next-token distributions, and the kept-block density.
+argmax, mean KL(dense || sparse) of the next-token distributions, and the kept-block density, for
+every (threshold, local blocks) setting given.
 """
 
 from __future__ import annotations
@@ -60,12 +61,26 @@ class SparseAttention:
         return out.unsqueeze(0), None
 
 
+def compare_logits(dense: torch.Tensor, sparse: torch.Tensor, density: float) -> dict[str, float]:
+    agree = dense.argmax(-1) == sparse.argmax(-1)
+    kl = F.kl_div(sparse.log_softmax(-1), dense.log_softmax(-1), log_target=True, reduction="none").sum(-1)
+    return dict(
+        top1=float(agree.float().mean()),
+        top1_tail=float(agree[TAIL_FROM:].float().mean()),
+        kl=float(kl.mean()),
+        kl_tail=float(kl[TAIL_FROM:].mean()),
+        kl_max=float(kl.max()),
+        density=density,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--length", type=int, default=8192)
-    parser.add_argument("--threshold", type=float, default=SparseSettings.threshold)
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[SparseSettings.threshold])
+    parser.add_argument("--local-blocks", type=int, nargs="+", default=[SparseSettings.local_blocks])
     parser.add_argument("--dense-layers", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=SparseSettings.block_size)
     parser.add_argument("--json", type=Path, default=None)
@@ -79,50 +94,42 @@ def main() -> None:
     )
     model = model.cuda().eval()
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    settings = SparseSettings(block_size=a.block_size, threshold=a.threshold)
-    attention = SparseAttention(
-        SparsePrefill(settings, BlockSparsePrefill(workspace)), a.dense_layers, a.block_size
-    )
-    AttentionInterface.register("prefill_ext_sparse", attention)
-
+    configs = [(t, lb) for lb in a.local_blocks for t in a.thresholds]
+    attentions = {}
+    for threshold, local in configs:
+        settings = SparseSettings(block_size=a.block_size, threshold=threshold, local_blocks=local)
+        sparse = SparsePrefill(settings, BlockSparsePrefill(workspace))
+        attentions[threshold, local] = SparseAttention(sparse, a.dense_layers, a.block_size)
     ids = corpus_ids(tokenizer, a.prompts * a.length)
-    per_prompt = []
+    per_config: dict[tuple[float, int], list[dict[str, float]]] = {c: [] for c in configs}
     for i in range(a.prompts):
         tokens = torch.tensor([ids[i * a.length : (i + 1) * a.length]], device="cuda")
         with torch.no_grad():
             model.set_attn_implementation("sdpa")
             dense = model(tokens).logits[0].float()
-            model.set_attn_implementation("prefill_ext_sparse")
-            sparse = model(tokens).logits[0].float()
-        agree = dense.argmax(-1) == sparse.argmax(-1)
-        kl = F.kl_div(sparse.log_softmax(-1), dense.log_softmax(-1), log_target=True, reduction="none").sum(
-            -1
+            for n, (config, attention) in enumerate(attentions.items()):
+                AttentionInterface.register(f"prefill_ext_sparse_{n}", attention)
+                model.set_attn_implementation(f"prefill_ext_sparse_{n}")
+                sparse_logits = model(tokens).logits[0].float()
+                per_config[config].append(compare_logits(dense, sparse_logits, attention.densities[-1]))
+    summaries = []
+    for (threshold, local), rows in per_config.items():
+        summary = {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
+        summary["kl_max"] = max(r["kl_max"] for r in rows)
+        summaries.append(dict(threshold=threshold, local_blocks=local, **summary))
+        print(
+            f"threshold {threshold:g}, local blocks {local}: top-1 agreement {summary['top1']:.4f} (past "
+            f"{TAIL_FROM}: {summary['top1_tail']:.4f}), mean KL {summary['kl']:.3g} (past {TAIL_FROM}: "
+            f"{summary['kl_tail']:.3g}), max KL {summary['kl_max']:.3g}, density {summary['density']:.3f}",
+            flush=True,
         )
-        per_prompt.append(
-            dict(
-                top1=float(agree.float().mean()),
-                top1_tail=float(agree[TAIL_FROM:].float().mean()),
-                kl=float(kl.mean()),
-                kl_tail=float(kl[TAIL_FROM:].mean()),
-                kl_max=float(kl.max()),
-                density=attention.densities[-1],
-            )
-        )
-        print(f"prompt {i}: " + ", ".join(f"{k} {v:.4g}" for k, v in per_prompt[-1].items()), flush=True)
-    summary = {k: statistics.mean(p[k] for p in per_prompt) for k in per_prompt[0]}
-    summary["kl_max"] = max(p["kl_max"] for p in per_prompt)
     info = dict(
-        model=a.model_dir, length=a.length, prompts=a.prompts, threshold=a.threshold, dense_layers=a.dense_layers,
-        block_size=a.block_size, device=torch.cuda.get_device_name(), summary=summary, per_prompt=per_prompt,
+        model=a.model_dir, length=a.length, prompts=a.prompts, dense_layers=a.dense_layers,
+        block_size=a.block_size, device=torch.cuda.get_device_name(), configs=summaries,
+        per_prompt={f"{t:g}/{lb}": rows for (t, lb), rows in per_config.items()},
     )  # fmt: skip
     if a.json:
         a.json.write_text(json.dumps(info, indent=1))
-    print(
-        f"SmolLM2 sparse vs dense over {a.prompts} x {a.length} tokens (threshold {a.threshold}, "
-        f"dense layers {a.dense_layers}): top-1 agreement {summary['top1']:.4f} (past {TAIL_FROM}: "
-        f"{summary['top1_tail']:.4f}), mean KL {summary['kl']:.3g} (past {TAIL_FROM}: {summary['kl_tail']:.3g}), "
-        f"max KL {summary['kl_max']:.3g}, density {summary['density']:.3f}"
-    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@
 #                  with "ext" runs the patched SGLang with EXT_ARGS_<name> (ext: EXT_ARGS), e.g.
 #                  VARIANTS="stock ext ext_sparse" EXT_ARGS_ext_sparse="--enable-prefill-ext --prefill-ext-sparse"
 #   WORKLOADS      main-phase workloads [baseline,burst,rag,agent,unique,mixed]; "none" skips
-#                  the main phase (e.g. a call for the pressure phase alone)
+#                  them (and the main phase unless ROBUST=1), e.g. a call for the pressure phase alone
 #   PRESSURE       1: also the pressure phase (separate servers, PRESSURE_SERVER_ARGS) [1]
 #   BUDGET_S       seconds for the whole script; servers and workloads that would end later are
 #                  skipped [520]
@@ -30,7 +30,7 @@
 #                  requests (their answers land in robustness-<variant>.json, compared in the report),
 #                  ROBUST_LONG_REPS repeated long prompts for ext* variants [20] of ROBUST_LONG_LEN
 #                  tokens [100000], then an idle spell and SGLang's idle memory check (server alive,
-#                  no "leak detected" in its log) [0]
+#                  no "leak detected" in its log) [0]; ROBUST_VARIANTS: only these variants [all]
 #   MODEL          [bench/models/llama3-8b-dummy]   PORT [30000]   OUT [./out]
 #   SITE, JIT      unpack folders [/tmp/site, /tmp/jit]; INSTALL=auto|0 [auto]
 #   FLASHINFER_DISABLE_JIT  [1]: a kernel missing from the cache raises instead of compiling
@@ -125,10 +125,12 @@ run_phase() {  # run_phase PHASE WORKLOADS ARGS...
       log "$phase/$v: server did not start"
       continue
     fi
-    # shellcheck disable=SC2086
-    $PY bench/ttft_bench.py run --url "$URL" --label "$v" --workloads "$wl" --out-dir "$WORK/$v" \
-      --deadline "$DEADLINE" --no-progress --health-timeout 60 $BENCH_ARGS || log "$phase/$v: bench exit $?"
-    if [ "$ROBUST" = 1 ] && [ "$phase" = main ]; then
+    if [ "$wl" != none ]; then
+      # shellcheck disable=SC2086
+      $PY bench/ttft_bench.py run --url "$URL" --label "$v" --workloads "$wl" --out-dir "$WORK/$v" \
+        --deadline "$DEADLINE" --no-progress --health-timeout 60 $BENCH_ARGS || log "$phase/$v: bench exit $?"
+    fi
+    if [ "$ROBUST" = 1 ] && [ "$phase" = main ] && [[ " ${ROBUST_VARIANTS:-$VARIANTS} " == *" $v "* ]]; then
       local reps=0
       [ "${v#ext}" != "$v" ] && reps=$ROBUST_LONG_REPS
       $PY bench/robustness.py run --url "$URL" --label "$v" --model-dir "$MODEL" --long-reps "$reps" \
@@ -141,9 +143,9 @@ run_phase() {  # run_phase PHASE WORKLOADS ARGS...
 }
 
 # SERVER_ARGS and PRESSURE_SERVER_ARGS are flag lists: split on purpose
-if [ -n "$WORKLOADS" ] && [ "$WORKLOADS" != none ]; then
+if { [ -n "$WORKLOADS" ] && [ "$WORKLOADS" != none ]; } || [ "$ROBUST" = 1 ]; then
   # shellcheck disable=SC2086
-  run_phase main "$WORKLOADS" $SERVER_ARGS
+  run_phase main "${WORKLOADS:-none}" $SERVER_ARGS
 fi
 if [ "$PRESSURE" = 1 ]; then
   # shellcheck disable=SC2086

@@ -2,17 +2,18 @@
 # run_smollm2.sh - the real-weights checks on one GPU host (issues 4 and 6), in one command:
 #  1. SmolLM2-135M-Instruct as an HF checkpoint in $HF: converted from the GGUF parts stashed in $PARTS
 #     (scripts/models/convert_smollm2.py join + convert) unless $HF/config.json exists;
-#  2. greedy identity: for each of VARIANTS, set the patch state (stock: reverted; off: patched, flag
+#  2. sparse accuracy: bench/sparse_accuracy.py $ACCURACY_ARGS (SmolLM2 at 8K, sparse vs dense
+#     next-token predictions);
+#  3. greedy identity: for each of VARIANTS, set the patch state (stock: reverted; off: patched, flag
 #     off; ext*: patched with EXT_ARGS_<name>), start the server with identical SERVER_ARGS, run
 #     bench/greedy_check.py (50 prompts: chunked, cache hits, partial hits, a burst), stop it; then
-#     compare every variant's outputs with the first's;
-#  3. sparse accuracy: bench/sparse_accuracy.py (SmolLM2 at 8K, sparse vs dense next-token predictions).
+#     compare every variant's outputs with the first's.
 # Results in $OUT: greedy-<variant>.jsonl, greedy-compare.txt/.json, accuracy.json/.log, env.txt, and
 # smollm2-logs.tar.gz (server logs, patch CLI output).
 #
 # Environment [defaults]: VARIANTS ["off ext ext_dense stock"]; EXT_ARGS_ext [--enable-prefill-ext];
 #   EXT_ARGS_ext_dense [--enable-prefill-ext --prefill-ext-dense]; SERVER_ARGS [FlashInfer, chunked
-#   prefill 1024, mem 0.3, context 8192]; ACCURACY=0 skips step 3; BUDGET_S [540]; HF, PARTS, OUT, PORT.
+#   prefill 1024, mem 0.3, context 8192]; ACCURACY=0 skips step 2; BUDGET_S [540]; HF, PARTS, OUT, PORT.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,6 +33,7 @@ EXT_ARGS_ext=${EXT_ARGS_ext:---enable-prefill-ext}
 EXT_ARGS_ext_dense=${EXT_ARGS_ext_dense:---enable-prefill-ext --prefill-ext-dense}
 SERVER_ARGS=${SERVER_ARGS:---attention-backend flashinfer --chunked-prefill-size 1024 --mem-fraction-static 0.3 --context-length 8192}
 ACCURACY=${ACCURACY:-1}
+ACCURACY_ARGS=${ACCURACY_ARGS:-}
 WORK=$(mktemp -d /tmp/smollm2-XXXXXX)
 mkdir -p "$OUT"
 
@@ -59,6 +61,12 @@ if [ ! -f "$HF/config.json" ]; then
     --out "$HF" || exit 2
 fi
 
+if [ "$ACCURACY" = 1 ]; then
+  # shellcheck disable=SC2086  # ACCURACY_ARGS is a list
+  timeout "$(left)" $PY bench/sparse_accuracy.py --model-dir "$HF" --json "$OUT/accuracy.json" $ACCURACY_ARGS 2>&1 \
+    | grep -v Warning | tee "$OUT/accuracy.log"
+fi
+
 files=()
 for v in $VARIANTS; do
   if [ "$(left)" -lt 60 ]; then log "$v: skipped, $(left) s left"; continue; fi
@@ -76,9 +84,5 @@ if [ ${#files[@]} -gt 1 ]; then
   $PY bench/greedy_check.py compare "${files[@]}" --json "$OUT/greedy-compare.json" | tee "$OUT/greedy-compare.txt"
 fi
 
-if [ "$ACCURACY" = 1 ] && [ "$(left)" -gt 30 ]; then
-  timeout "$(left)" $PY bench/sparse_accuracy.py --model-dir "$HF" --json "$OUT/accuracy.json" 2>&1 \
-    | grep -v Warning | tee "$OUT/accuracy.log"
-fi
 tar -C "$WORK" -czf "$OUT/smollm2-logs.tar.gz" .
 log "done"

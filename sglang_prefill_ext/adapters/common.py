@@ -9,7 +9,7 @@ rest here. Like the hooks modules, this imports nothing from SGLang: the patched
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sglang_prefill_ext import config
@@ -70,3 +70,17 @@ def _attention_backends(server_args: Any) -> set[str | None]:
     """The explicitly chosen backends that would run prefill attention."""
     prefill = getattr(server_args, "prefill_attention_backend", None)
     return {prefill} if prefill else {getattr(server_args, "attention_backend", None)}
+
+
+def validate_token_ids(
+    input_ids: list[int] | list[list[int]], vocab_size: int, stock_check: Callable[[Any, int], None]
+) -> None:
+    """Raise ValueError (HTTP 400) for ids >= vocab_size (with SGLang's own check and message,
+    `stock_check`) or < 0; a flat list or a batch of lists."""
+    stock_check(input_ids, vocab_size)
+    rows = input_ids if isinstance(input_ids[0], list) else [input_ids]
+    for row in rows:
+        if row and min(row) < 0:
+            raise ValueError(
+                f"The input_ids contain a negative token id ({min(row)}); valid range is [0, {vocab_size})."
+            )

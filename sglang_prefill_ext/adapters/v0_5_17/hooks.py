@@ -13,6 +13,7 @@ from sglang_prefill_ext.adapters import common
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
     from sglang.srt.mem_cache.registry import TreeCacheBuildContext
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -56,3 +57,16 @@ def before_forward(runner: ModelRunner, forward_batch: ForwardBatch) -> None:
     release = getattr(runner.attn_backend, "release_kv_slots", None)
     if release is not None and forward_batch.out_cache_loc is not None:
         release(forward_batch.out_cache_loc)
+
+
+def validate_input_ids(manager: TokenizerManager, input_ids: list[int] | None) -> None:
+    """Under the flag, refuse token ids outside the vocabulary with a 400 before they reach the model.
+
+    Stock 0.5.17 forwards them and its scheduler dies on the embedding lookup (measured on the H200:
+    `bench/results/2026-11-29-h200-ab-dense.md`); SGLang's own check, `_validate_input_ids_in_vocab`,
+    is never called there. Flag off: stock, unchanged."""
+    if not input_ids or not extension_enabled(manager.server_args):
+        return
+    common.validate_token_ids(
+        input_ids, manager.model_config.vocab_size, manager._validate_input_ids_in_vocab
+    )
