@@ -75,7 +75,7 @@ def chunk_paths(
         def stock_eager() -> object:
             o1, s1 = self_pass.run(q, k_new, v_new, return_lse=True)
             o2, s2 = prefix_pass.run(q, pages, return_lse=True)
-            return merge_state(o1, s1, o2, s2)
+            return merge_state(o1, s1, o2, s2)[0]
 
         paths["stock_eager"] = stock_eager
     else:
