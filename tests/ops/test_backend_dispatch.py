@@ -36,7 +36,7 @@ def _backend(**options) -> PrefillExtFlashInferBackend:
     if backend.ext_config.dense:
         # the path's decisions only: its FlashInfer wrapper is built on the GPU
         backend.dense = DenseExtend.__new__(DenseExtend)
-        ExtendPath.__init__(backend.dense, backend, backend.ext_config)
+        ExtendPath.__init__(backend.dense, backend, backend.ext_config, None)
         backend._paths = [backend.dense]
     return backend
 

@@ -35,8 +35,7 @@ logger = logging.getLogger(__name__)
 
 class CascadeExtend(ExtendPath[CascadeIndices]):
     def __init__(self, backend: FlashInferAttnBackend, config: PrefillExtConfig) -> None:
-        super().__init__(backend, config)
-        self._attention = CascadePrefill(backend.workspace_buffer)
+        super().__init__(backend, config, CascadePrefill(backend.workspace_buffer))
 
     def _decide(self, forward_batch: ForwardBatch) -> CascadeIndices | None:
         """The batch's cascade indices if it takes cascade, else None (one host read-back when eligible)."""
@@ -95,6 +94,3 @@ class CascadeExtend(ExtendPath[CascadeIndices]):
             layer.scaling,
             layer.logit_cap,
         )
-
-    def _run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
-        return self._attention.run(q, k_buffer, v_buffer)

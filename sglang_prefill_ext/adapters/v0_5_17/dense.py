@@ -34,8 +34,7 @@ class DenseBatch:
 
 class DenseExtend(ExtendPath[DenseBatch]):
     def __init__(self, backend: FlashInferAttnBackend, config: PrefillExtConfig) -> None:
-        super().__init__(backend, config)
-        self._attention = GatheredPrefill(backend.workspace_buffer)
+        super().__init__(backend, config, GatheredPrefill(backend.workspace_buffer))
 
     def _decide(self, forward_batch: ForwardBatch) -> DenseBatch | None:
         lens = batch_lens(forward_batch)
@@ -63,6 +62,3 @@ class DenseExtend(ExtendPath[DenseBatch]):
             layer.scaling,
             layer.logit_cap,
         )
-
-    def _run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
-        return self._attention.run(q, k_buffer, v_buffer)

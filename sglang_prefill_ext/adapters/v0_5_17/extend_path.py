@@ -16,7 +16,7 @@ A path's lifecycle per extend batch:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import torch
 from sglang.srt.layers.radix_attention import AttentionType
@@ -33,6 +33,12 @@ EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.MIXED)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 Plan = TypeVar("Plan")
+
+
+class PlannedAttention(Protocol):
+    """An ops-level attention that was planned for one batch: run it on one layer's pool."""
+
+    def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor: ...
 
 
 def plain_causal_layer(layer: RadixAttention) -> bool:
@@ -80,11 +86,15 @@ def backend_supported(backend: FlashInferAttnBackend) -> bool:
 
 
 class ExtendPath(Generic[Plan]):
-    """Subclasses give `_decide` (the batch's plan inputs, or None for stock), `_num_tokens`, `_plan`, `_run`."""
+    """Subclasses give `_decide` (the batch's plan inputs, or None for stock), `_num_tokens` and `_plan`
+    (which plans `attention`)."""
 
-    def __init__(self, backend: FlashInferAttnBackend, config: PrefillExtConfig) -> None:
+    def __init__(
+        self, backend: FlashInferAttnBackend, config: PrefillExtConfig, attention: PlannedAttention | None
+    ) -> None:
         self._backend = backend
         self._config = config
+        self._attention = attention
         self._decided: tuple[ForwardBatch, Plan | None] | None = None
         self._batch: ForwardBatch | None = None
         self._planned: tuple[float, float] | None = None
@@ -96,9 +106,6 @@ class ExtendPath(Generic[Plan]):
         raise NotImplementedError
 
     def _plan(self, plan: Plan, layer: RadixAttention, dtype: torch.dtype) -> None:
-        raise NotImplementedError
-
-    def _run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def _decision(self, forward_batch: ForwardBatch) -> Plan | None:
@@ -144,4 +151,4 @@ class ExtendPath(Generic[Plan]):
             self._plan(self._decision(forward_batch), layer, q.dtype)
             self._planned = key
         k_buffer, v_buffer = self._backend.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-        return self._run(q, k_buffer, v_buffer).view(-1, layer.tp_q_head_num * layer.head_dim)
+        return self._attention.run(q, k_buffer, v_buffer).view(-1, layer.tp_q_head_num * layer.head_dim)
