@@ -77,6 +77,12 @@ class SparsePrefill:
         self.mask = mask
         self.planned = True
 
+    def density(self) -> float:
+        """Kept key blocks of the last plan over the causally allowed ones (reads back to the host)."""
+        assert self.mask is not None, "plan() first"
+        allowed = (self.layout.row_block.long() + 1).sum() * self.mask.shape[0]
+        return float(self.mask.sum() / allowed)
+
     def forward(
         self,
         q: torch.Tensor,

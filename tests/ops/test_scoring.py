@@ -91,3 +91,19 @@ def test_needle_in_one_query_head_is_kept_for_its_kv_head(impl) -> None:
     mask = impl(qpool, kpool, layout, SparseSettings(block_size=BLOCK), 64**-0.5)
     assert bool(mask[1, row, key_block])
     assert float(mask[:, :, : layout.max_key_blocks].float().mean()) < 0.9
+
+
+def test_density_counts_kept_blocks_over_the_causal_ones() -> None:
+    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+
+    layout, qpool, kpool = _pooled((4, 2), 32, [48, 0], [40, 70])
+    sparse = SparsePrefill(SparseSettings(block_size=BLOCK), attention=None)
+    sparse.begin(layout, torch.arange(layout.num_context_tokens))
+    keep_all = SparseSettings(block_size=BLOCK, threshold=0.0)
+    sparse.mask = select_blocks_reference(qpool, kpool, layout, keep_all, 1.0)
+    assert sparse.density() == pytest.approx(1.0)
+    only_diagonal = torch.zeros_like(sparse.mask)
+    only_diagonal[:, torch.arange(layout.num_rows), layout.row_block.long()] = True
+    sparse.mask = only_diagonal
+    # request 0: rows are blocks 3..5 (4 + 5 + 6 causal blocks), request 1: blocks 0..4 (1 + ... + 5)
+    assert sparse.density() == pytest.approx(layout.num_rows / (15 + 15))

@@ -21,6 +21,9 @@ captured prefill graph. `wants_eager_prefill(forward_batch)` says which batches 
 `init_forward_metadata` (a graph replay hands in its static batch), so a missing hook costs speed,
 never correctness. Batches no path takes keep their graphs.
 
+Observability: at INFO, one log line per sparse forward with the kept-block density of its layout
+(one host read-back per forward, after its first sparse layer).
+
 Key summaries: the pooled key of every full block is kept per KV slot (`KeySummaryCache`), written
 when a sparse forward completes the block and forgotten as soon as its first KV slot is written
 again: the model runner calls `release_kv_slots(out_cache_loc)` before every forward (the patched
@@ -30,6 +33,7 @@ A stale summary can only mis-steer block selection, never the attention arithmet
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,6 +62,8 @@ from sglang_prefill_ext.ops import (
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 
 def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
@@ -192,6 +198,15 @@ class PrefillExtFlashInferBackend(FlashInferAttnBackend):
             summary_layer=layer.layer_id - self._first_sparse_layer if per_layer else 0,
             logits_soft_cap=layer.logit_cap,
         )
+        if layer.layer_id == self._first_sparse_layer and logger.isEnabledFor(logging.INFO):
+            layout = self.sparse.layout
+            logger.info(
+                "prefill-ext sparse: %d requests, %d new tokens, %d key blocks, density %.3f",
+                layout.req_ctx_len.numel(),
+                layout.num_tokens,
+                layout.num_key_blocks,
+                self.sparse.density(),
+            )
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
 
 
