@@ -54,6 +54,12 @@ class PrefillExtConfig:
         "tokens in the batch: a cache hit or a short follow-up over a long prefix stays dense (for so few "
         "queries dense attention is cheaper than selecting and planning).",
     )
+    sparse_max_density: float = _option(
+        0.6,
+        "With --prefill-ext-dense: when the first sparse layer's layout keeps more than this fraction of its "
+        "causal key blocks, the batch runs on the dense path instead (FlashInfer's block-sparse kernel "
+        "costs about 1.5 x density of the dense FA3 pass on the H200); 1 keeps every layout sparse.",
+    )
     sparse_dense_layers: int = _option(2, "The first N layers always run dense attention.")
     sparse_block_size: int = _option(128, "Tokens per query/key block of the sparse layout.")
     sparse_sink_blocks: int = _option(1, "Leading key blocks every query block keeps (attention sinks).")

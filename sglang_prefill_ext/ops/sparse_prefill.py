@@ -77,11 +77,31 @@ class SparsePrefill:
         self.mask = mask
         self.planned = True
 
-    def density(self) -> float:
-        """Kept key blocks of the last plan over the causally allowed ones (reads back to the host)."""
-        assert self.mask is not None, "plan() first"
-        allowed = (self.layout.row_block.long() + 1).sum() * self.mask.shape[0]
-        return float(self.mask.sum() / allowed)
+    def density(self, mask: torch.Tensor | None = None) -> float:
+        """Kept key blocks of `mask` (default: the last plan's) over the causally allowed ones (reads
+        back to the host)."""
+        mask = self.mask if mask is None else mask
+        assert mask is not None, "plan() first"
+        allowed = (self.layout.row_block.long() + 1).sum() * mask.shape[0]
+        return float(mask.sum() / allowed)
+
+    def select_and_plan(
+        self,
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        sm_scale: float,
+        summary_layer: int | None = None,
+        logits_soft_cap: float = 0.0,
+        max_density: float = 1.0,
+    ) -> bool:
+        """Select this layer's blocks and plan them. With `max_density` < 1, a layout keeping more than
+        that fraction of its causal blocks is declined: nothing is planned, False is returned."""
+        mask = self.select(q, k_buffer, sm_scale, summary_layer)
+        if max_density < 1.0 and self.density(mask) > max_density:
+            self.mask = mask
+            return False
+        self.plan(mask, q, sm_scale, logits_soft_cap)
+        return True
 
     def forward(
         self,
@@ -95,5 +115,5 @@ class SparsePrefill:
     ) -> torch.Tensor:
         """Attention of q [N, Hq, D] over the batch's context in the KV pool; [N, Hq, D]."""
         if replan or not self.planned:
-            self.plan(self.select(q, k_buffer, sm_scale, summary_layer), q, sm_scale, logits_soft_cap)
+            self.select_and_plan(q, k_buffer, sm_scale, summary_layer, logits_soft_cap)
         return self.attention.run(q, k_buffer, v_buffer)

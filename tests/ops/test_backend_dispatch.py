@@ -147,3 +147,57 @@ def test_dense_path_runs_only_its_batch_and_plain_layers() -> None:
     assert not backend.dense.runs(q, k, _layer(0, sliding_window_size=4096), batch)
     assert not backend.dense.begin(None)
     assert not backend.dense.runs(q, k, _layer(0), batch)
+
+
+class _Recorder:
+    """Stands in for an ops attention (FlashInfer needs a GPU): records plans, returns zeros."""
+
+    def __init__(self) -> None:
+        self.plans = 0
+        self.runs = 0
+
+    def plan(self, *args, **kwargs) -> None:
+        self.plans += 1
+
+    def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
+        self.runs += 1
+        return torch.zeros_like(q)
+
+
+def test_a_too_dense_sparse_layout_hands_the_batch_to_the_dense_path() -> None:
+    """Threshold 0 keeps every block (density 1 > the 0.6 limit): the first sparse layer declines after
+    writing K/V once; it and every later layer run the dense path, which writes no K/V twice."""
+    from sglang_prefill_ext.ops import BlockSparsePrefill, SparsePrefill, SparseSettings
+
+    backend = _backend(dense=True, sparse_threshold=0.0, sparse_block_size=128)
+    writes = []
+    pool_k = torch.randn(4096, 2, 16)
+    backend.token_to_kv_pool = types.SimpleNamespace(
+        get_kv_buffer=lambda layer_id: (pool_k, pool_k),
+        set_kv_buffer=lambda layer, loc, k, v, *scales: writes.append(layer.layer_id),
+    )
+    backend.kv_cache_quant_method = types.SimpleNamespace(needs_global_scale=lambda: True)
+    backend.forward_metadata = types.SimpleNamespace(swa_out_cache_loc=None)
+    backend.req_to_token_pool = types.SimpleNamespace(req_to_token=torch.arange(3000)[None])
+    recorder = _Recorder()
+    backend.dense._attention = recorder
+    backend.sparse = SparsePrefill(
+        SparseSettings(threshold=0.0), BlockSparsePrefill.__new__(BlockSparsePrefill)
+    )
+    batch = _batch(seq_lens=(3000,))
+    batch.out_cache_loc = torch.arange(3000)
+    layout = BlockLayout.build([0], [3000], 128)
+    backend.sparse.begin(layout, torch.arange(3000))
+    backend._sparse_batch = batch
+    assert backend.dense.begin(batch)
+    layer = dict(
+        tp_q_head_num=4, tp_k_head_num=2, head_dim=16, scaling=0.25, logit_cap=0.0, k_scale=None, v_scale=None
+    )
+    q, k = torch.randn(3000, 64), torch.randn(3000, 32)
+    for layer_id in (2, 3):
+        out = backend.forward_extend(q, k, k, _layer(layer_id, **layer), batch)
+        assert out.shape == (3000, 64)
+    assert backend._sparse_batch is None and not backend.sparse.planned
+    assert backend.sparse.density() == pytest.approx(1.0)
+    assert writes == [2, 3]  # layer 2 by the sparse path before it declined, layer 3 by the dense path
+    assert (recorder.plans, recorder.runs) == (1, 2)

@@ -107,3 +107,21 @@ def test_density_counts_kept_blocks_over_the_causal_ones() -> None:
     sparse.mask = only_diagonal
     # request 0: rows are blocks 3..5 (4 + 5 + 6 causal blocks), request 1: blocks 0..4 (1 + ... + 5)
     assert sparse.density() == pytest.approx(layout.num_rows / (15 + 15))
+
+
+def test_a_layout_denser_than_the_limit_is_declined_before_planning() -> None:
+    """select_and_plan returns False and plans nothing (no attention object is even needed) when the
+    selection keeps more than max_density of the causal blocks; a looser limit goes on to plan."""
+    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+
+    layout = BlockLayout.build([0], [8 * BLOCK], BLOCK)
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(layout.num_tokens, 4, 32, generator=gen)
+    k_pool = torch.randn(layout.num_context_tokens, 2, 32, generator=gen)
+    sparse = SparsePrefill(SparseSettings(block_size=BLOCK, threshold=0.0), attention=None)
+    sparse.begin(layout, torch.arange(layout.num_context_tokens))
+    assert not sparse.select_and_plan(q, k_pool, 32**-0.5, max_density=0.5)
+    assert not sparse.planned
+    assert sparse.density() == pytest.approx(1.0)
+    with pytest.raises(AttributeError):  # past the limit it plans, here on a missing attention object
+        sparse.select_and_plan(q, k_pool, 32**-0.5, max_density=1.0)

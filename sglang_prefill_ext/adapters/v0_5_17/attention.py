@@ -144,10 +144,13 @@ class PrefillExtFlashInferBackend(FlashInferAttnBackend):
         if torch.cuda.is_current_stream_capturing():
             return
         sparse = self._wants_sparse(forward_batch)
-        offered: ForwardBatch | None = None if sparse else forward_batch
-        for path in self._paths:
-            if path.begin(offered):
-                offered = None
+        # Cascade yields to sparse; the dense path also serves a sparse batch's dense layers and a
+        # layout too dense to pay (see forward_extend).
+        offered: ForwardBatch | None = forward_batch
+        if self.cascade is not None and self.cascade.begin(None if sparse else offered):
+            offered = None
+        if self.dense is not None:
+            self.dense.begin(offered)
         if not sparse:
             return
         layout = BlockLayout.build(
@@ -180,33 +183,59 @@ class PrefillExtFlashInferBackend(FlashInferAttnBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
+        if self._runs_sparse(q, k, layer, forward_batch):
+            o = self._forward_sparse(q, k, v, layer, forward_batch, save_kv_cache)
+            if o is not None:
+                return o
+            # the layout was declined (too dense): K/V are in the pool, this and later layers run dense
+            save_kv_cache = False
         for path in self._paths:
             if path.runs(q, k, layer, forward_batch):
                 return path.forward(q, k, v, layer, forward_batch, save_kv_cache)
-        if not self._runs_sparse(q, k, layer, forward_batch):
-            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def _forward_sparse(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool,
+    ) -> torch.Tensor | None:
+        """Block-sparse attention of one layer; None when the first sparse layer's layout keeps more
+        than `sparse_max_density` of its causal blocks and the dense path can take the batch instead."""
         if save_kv_cache:
             write_kv(self, layer, forward_batch, k, v)
-        per_layer = self.ext_config.sparse_per_layer
+        config = self.ext_config
+        per_layer = config.sparse_per_layer
+        first = layer.layer_id == self._first_sparse_layer
+        q = q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
         k_buffer, v_buffer = self.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-        o = self.sparse.forward(
-            q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim),
-            k_buffer,
-            v_buffer,
-            layer.scaling,
-            replan=per_layer,
-            summary_layer=layer.layer_id - self._first_sparse_layer if per_layer else 0,
-            logits_soft_cap=layer.logit_cap,
-        )
-        if layer.layer_id == self._first_sparse_layer and logger.isEnabledFor(logging.INFO):
-            layout = self.sparse.layout
-            logger.info(
-                "prefill-ext sparse: %d requests, %d new tokens, %d key blocks, density %.3f",
-                layout.req_ctx_len.numel(),
-                layout.num_tokens,
-                layout.num_key_blocks,
-                self.sparse.density(),
+        if per_layer or not self.sparse.planned:
+            can_decline = first and self.dense is not None and self.dense.wants(forward_batch)
+            planned = self.sparse.select_and_plan(
+                q,
+                k_buffer,
+                layer.scaling,
+                summary_layer=layer.layer_id - self._first_sparse_layer if per_layer else 0,
+                logits_soft_cap=layer.logit_cap,
+                max_density=config.sparse_max_density if can_decline else 1.0,
             )
+            if first and logger.isEnabledFor(logging.INFO):
+                layout = self.sparse.layout
+                logger.info(
+                    "prefill-ext sparse: %d requests, %d new tokens, %d key blocks, density %.3f%s",
+                    layout.req_ctx_len.numel(),
+                    layout.num_tokens,
+                    layout.num_key_blocks,
+                    self.sparse.density(),
+                    "" if planned else " > --prefill-ext-sparse-max-density: dense path",
+                )
+            if not planned:
+                self._sparse_batch = None
+                return None
+        o = self.sparse.attention.run(q, k_buffer, v_buffer)
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
 
 
