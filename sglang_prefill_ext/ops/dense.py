@@ -1,12 +1,13 @@
 """Dense prefill over long contexts on FlashInfer's ragged kernel: plan once per forward, run per layer.
 
 SGLang 0.5.17 attends an extend batch's new tokens to their cached context with FlashInfer's paged
-kernel on its FA2 backend (one-token pages), ~520 TFLOP/s on the H200, while the ragged kernel over
-contiguous K/V takes FA3 on sm90 (~650 TFLOP/s, `bench/results/2026-11-29-h200-cascade.md`). With many
-new tokens per request it pays to gather each request's whole context (cached prefix + the new
-tokens, already written to the pool) into one contiguous buffer per layer and attend in a single
-causal ragged pass: the gather moves `context x Hkv x D x 4` bytes, the attention does
-`new x context x Hq x D x 4` FLOPs, so the copy is a few percent at 1K new tokens and vanishes above.
+kernel on its FA2 backend (one-token pages), 320-390 TFLOP/s on the H200 over long prefixes, while the
+ragged kernel over contiguous K/V takes FA3 on sm90 (640-690 TFLOP/s;
+`bench/results/2026-11-29-h200-dense.md`). With many new tokens per request it pays to gather each
+request's whole context (cached prefix + the new tokens, already written to the pool) into one
+contiguous buffer per layer and attend in a single causal ragged pass: the gather moves
+`context x Hkv x D x 4` bytes, the attention does `new x context x Hq x D x 4` FLOPs (measured: the
+gather costs ~2 % of the pass with 8K-token chunks).
 FlashInfer aligns a causal mask with fewer queries than keys to the bottom right: new token i of a
 request with prefix p sees context positions 0..p+i, as in stock.
 """
@@ -64,6 +65,7 @@ class GatheredPrefill:
             req_to_token, req_pool_indices, torch.tensor(context_lens), kv_indptr[:-1].long(), total
         )
         shape = (total, num_kv_heads, head_dim)
+        # kept across forwards (grown, never shrunk): one allocation per server, not per batch
         if (
             self._k is None
             or self._k.shape[0] < total
