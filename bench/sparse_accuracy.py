@@ -49,16 +49,37 @@ class SparseAttention:
         length = query.shape[2]
         q = query[0].transpose(0, 1).contiguous()  # [L, Hq, D]
         k, v = key[0].transpose(0, 1).contiguous(), value[0].transpose(0, 1).contiguous()
-        if module.layer_idx == self.dense_layers:
+        first = module.layer_idx == self.dense_layers
+        if first:
             layout = BlockLayout.build([0], [length], self.block_size, q.device)
             self.sparse.begin(layout, torch.arange(length, device=q.device))
-        out = self.sparse.forward(q, k, v, scaling, replan=False)
-        if module.layer_idx == self.dense_layers:
-            mask = self.sparse.mask
-            rows = mask.shape[1]
-            causal = rows * (rows + 1) / 2 * mask.shape[0]
-            self.densities.append(float(mask.sum()) / causal)
+        if q.is_cuda:
+            out = self.sparse.forward(q, k, v, scaling, replan=False)
+        else:
+            out = self._emulate(q, k, v, scaling, first)
+        if first:
+            self.densities.append(self.sparse.density())
         return out.unsqueeze(0), None
+
+    def _emulate(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, first: bool
+    ) -> torch.Tensor:
+        """On the CPU: the same block selection (torch reference), then exact attention restricted to the
+        kept blocks (masked SDPA), so only the selection differs from dense."""
+        group = q.shape[1] // k.shape[1]
+        if first:
+            self.sparse.mask = self.sparse.select(q, k, scaling, None)
+            blocks = torch.arange(q.shape[0]) // self.block_size
+            keep = (
+                self.sparse.mask[:, blocks][:, :, blocks]
+                & torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).tril()
+            )
+            self._keep = keep.repeat_interleave(group, 0)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.repeat_interleave(group, 1).transpose(0, 1), v.repeat_interleave(group, 1).transpose(0, 1),
+            attn_mask=self._keep, scale=scaling,
+        )  # fmt: skip
+        return out.transpose(0, 1)
 
 
 def compare_logits(dense: torch.Tensor, sparse: torch.Tensor, density: float) -> dict[str, float]:
@@ -84,26 +105,33 @@ def main() -> None:
     parser.add_argument("--dense-layers", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=SparseSettings.block_size)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        help="cuda: the package's FlashInfer sparse path in bf16; cpu: the same selection, then exact fp32 "
+        "attention over the kept blocks (isolates the selection from kernel rounding)",
+    )
     a = parser.parse_args()
 
     from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(a.model_dir)
+    on_gpu = a.device == "cuda"
     model = AutoModelForCausalLM.from_pretrained(
-        a.model_dir, dtype=torch.bfloat16, attn_implementation="sdpa"
+        a.model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32, attn_implementation="sdpa"
     )
-    model = model.cuda().eval()
-    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    model = model.to(a.device).eval()
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=a.device) if on_gpu else None
     configs = [(t, lb) for lb in a.local_blocks for t in a.thresholds]
     attentions = {}
     for threshold, local in configs:
         settings = SparseSettings(block_size=a.block_size, threshold=threshold, local_blocks=local)
-        sparse = SparsePrefill(settings, BlockSparsePrefill(workspace))
+        sparse = SparsePrefill(settings, BlockSparsePrefill(workspace) if on_gpu else None)
         attentions[threshold, local] = SparseAttention(sparse, a.dense_layers, a.block_size)
     ids = corpus_ids(tokenizer, a.prompts * a.length)
     per_config: dict[tuple[float, int], list[dict[str, float]]] = {c: [] for c in configs}
     for i in range(a.prompts):
-        tokens = torch.tensor([ids[i * a.length : (i + 1) * a.length]], device="cuda")
+        tokens = torch.tensor([ids[i * a.length : (i + 1) * a.length]], device=a.device)
         with torch.no_grad():
             model.set_attn_implementation("sdpa")
             dense = model(tokens).logits[0].float()
@@ -125,7 +153,8 @@ def main() -> None:
         )
     info = dict(
         model=a.model_dir, length=a.length, prompts=a.prompts, dense_layers=a.dense_layers,
-        block_size=a.block_size, device=torch.cuda.get_device_name(), configs=summaries,
+        block_size=a.block_size, configs=summaries,
+        device=torch.cuda.get_device_name() if on_gpu else f"cpu ({a.device}, fp32, emulated sparse attention)",
         per_prompt={f"{t:g}/{lb}": rows for (t, lb), rows in per_config.items()},
     )  # fmt: skip
     if a.json:
