@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .plan import PlanIndices, one_segment_indices
+from .plan_options import plan_options
 
 
 def to_head_major(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -81,10 +82,7 @@ class BlockSparsePrefill:
             head_dim,
             1,
             causal=True,
-            sm_scale=sm_scale,
-            logits_soft_cap=logits_soft_cap or None,
-            q_data_type=dtype,
-            kv_data_type=dtype,
+            **plan_options(dtype, sm_scale, logits_soft_cap),
         )
 
     def _plan_direct(self, indices: PlanIndices, group: int, head_dim: int) -> None:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from sglang_prefill_ext.ops.plan_options import plan_options
+
 _MERGE_MAX_THREADS = 1024
 
 
@@ -131,9 +133,7 @@ class CascadePrefill:
         sm_scale: float,
         logits_soft_cap: float = 0.0,
     ) -> None:
-        kwargs = dict(
-            sm_scale=sm_scale, logits_soft_cap=logits_soft_cap or None, q_data_type=dtype, kv_data_type=dtype
-        )
+        kwargs = plan_options(dtype, sm_scale, logits_soft_cap)
         heads = (num_qo_heads, num_kv_heads, head_dim)
         self._own.plan(
             indices.own_qo_indptr,

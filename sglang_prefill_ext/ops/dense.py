@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from sglang_prefill_ext.ops.layout import sequence_locs
+from sglang_prefill_ext.ops.plan_options import plan_options
 
 
 def _indptr(lens: Sequence[int]) -> torch.Tensor:
@@ -81,10 +82,7 @@ class GatheredPrefill:
             num_kv_heads,
             head_dim,
             causal=True,
-            sm_scale=sm_scale,
-            logits_soft_cap=logits_soft_cap or None,
-            q_data_type=dtype,
-            kv_data_type=dtype,
+            **plan_options(dtype, sm_scale, logits_soft_cap),
         )
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
