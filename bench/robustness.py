@@ -146,7 +146,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    runs = {json.loads(Path(p).read_text())["label"]: json.loads(Path(p).read_text()) for p in a.files}
+    loaded = [json.loads(Path(p).read_text()) for p in a.files]
+    runs = {r["label"]: r for r in loaded}
     names = list(runs)
     print("\n### Malformed requests (bench/robustness.py)\n")
     print("| request | " + " | ".join(names) + " | same answer |")
