@@ -1,15 +1,19 @@
 """Sparse vs dense long prefill attention on one GPU: times incl. scoring and planning, TFLOP/s, needles.
 
-    python bench/ops_bench.py [--lens 8192 32768 65536 131072] [--json PATH]
+    python bench/ops_bench.py [--lens 8192 32768 65536 131072] [--backends auto fa2] [--json PATH]
 
 Shape: one request, 32 query / 8 KV heads, head_dim 128, bf16, causal; KV in a page-size-1 pool.
 Rows per length L:
   sdpa      torch SDPA, dense causal (GQA)
   fi_dense  FlashInfer ragged prefill, dense causal (what SGLang runs for a fresh prompt)
-  sparse    this package: pool + score (Triton) + plan (GPU indices, FlashInfer planner) + attention,
-            with FlashInfer's public wrapper.plan on the same mask timed alongside (plan_public_ms),
-            on synthetic topic-structured Q/K with planted needles (density is a property of this data)
-  rand_d    attention only over a random block mask of density d (diagonal kept): kernel speed vs density
+  sparse_S  this package with scorer S (sampled: exact sampled query rows, block mass, coverage; pooled:
+            mean Q . mean K, relative threshold): score (Triton) + plan (GPU indices, FlashInfer planner)
+            + attention, with FlashInfer's public wrapper.plan on the same mask timed alongside
+            (plan_public_ms), on synthetic topic-structured Q/K with planted needles, half of them a
+            single key token (density is a property of this data); shared_ms counts select + plan once
+            per 30 layers, as with --prefill-ext-sparse-per-layer off
+  rand_d_B  attention only over a random block mask of density d (diagonal kept), FlashInfer backend B
+            (fa2 / fa3, --backends): kernel speed vs density
   chunk     the last 8K chunk over a 120K cached prefix: sparse (with and without key summaries) vs
             FlashInfer paged dense prefill
 TFLOP/s counts the FLOPs each path executes (causal halves included); `ceiling` is a bf16 8K^3 matmul
@@ -39,7 +43,9 @@ from sglang_prefill_ext.ops import (
 from sglang_prefill_ext.ops.plan import PlanIndices, build_plan_indices
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 128
-TOPICS, TOPIC_AMPLITUDE, NEEDLES, NEEDLE_AMPLITUDE = 128, 10.0, 16, 12.0
+TOPICS, TOPIC_AMPLITUDE, NEEDLES, NEEDLE_AMPLITUDE, TOKEN_NEEDLE_AMPLITUDE = 128, 10.0, 16, 12.0, 16.0
+SPARSE_LAYERS = 30  # a 32-layer model with --prefill-ext-sparse-dense-layers 2
+SCORERS = ("sampled", "pooled")
 DEV = "cuda"
 
 
@@ -81,7 +87,8 @@ def plan_flops(indices: PlanIndices) -> float:
 def structured_qkv(
     length: int, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
-    """Q/K with block topics (each query head seeks one topic seen earlier) and planted needles."""
+    """Q/K with block topics (each query head seeks one topic seen earlier) and planted needles: a
+    query block of one head seeks a whole earlier key block, or (every other needle) one key token."""
     gen = torch.Generator(device=DEV).manual_seed(seed)
     blocks = length // BLOCK
     topics = F.normalize(torch.randn(TOPICS, D, device=DEV, generator=gen), dim=-1) * TOPIC_AMPLITUDE
@@ -96,13 +103,16 @@ def structured_qkv(
     q += topics[q_topic].repeat_interleave(BLOCK, 0)
     k += topics[k_topic].repeat_interleave(BLOCK, 0)
     needles = []
-    for _ in range(NEEDLES):
+    for n in range(NEEDLES):
         qb = int(torch.randint(8, blocks, (1,), device=DEV, generator=gen))
         kb = int(torch.randint(1, qb - 4, (1,), device=DEV, generator=gen))
         qh = int(torch.randint(0, HQ, (1,), device=DEV, generator=gen))
-        u = F.normalize(torch.randn(D, device=DEV, generator=gen), dim=0) * NEEDLE_AMPLITUDE
+        token = n % 2 == 1  # every other needle is one key token, not a whole key block
+        amplitude = TOKEN_NEEDLE_AMPLITUDE if token else NEEDLE_AMPLITUDE
+        u = F.normalize(torch.randn(D, device=DEV, generator=gen), dim=0) * amplitude
         q[qb * BLOCK : (qb + 1) * BLOCK, qh] += u
-        k[kb * BLOCK : (kb + 1) * BLOCK, qh // (HQ // HKV)] += u
+        keys = slice(kb * BLOCK + 37, kb * BLOCK + 38) if token else slice(kb * BLOCK, (kb + 1) * BLOCK)
+        k[keys, qh // (HQ // HKV)] += u
         needles.append((qh // (HQ // HKV), qb, kb))
     v = torch.randn(length, HKV, D, device=DEV, generator=gen)
     return q.bfloat16(), k.bfloat16(), v.bfloat16(), needles
@@ -159,7 +169,7 @@ def plan_times(
     return public_ms, host_ms(lambda: sparse.plan(mask, q, scale))
 
 
-def bench_length(length: int, ceiling: float, workspace: torch.Tensor) -> list[dict]:
+def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends: list[str]) -> list[dict]:
     reps = 10 if length <= 32768 else 3
     q, k, v, needles = structured_qkv(length, seed=length)
     rows: list[dict] = []
@@ -172,46 +182,55 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor) -> list[d
     dense_out = fi_run()
     rows.append(dict(L=length, path="fi_dense", ms=ms, tflops=dense_flops / ms / 1e9))
 
-    sparse = SparsePrefill(SparseSettings(), BlockSparsePrefill(workspace))
     layout = BlockLayout.build([0], [length], BLOCK, DEV)
     locs = torch.arange(length, device=DEV)
-    sparse.begin(layout, locs)
     scale = D**-0.5
-    select_ms = timed(lambda: sparse.select(q, k, scale, None), reps)
-    mask = sparse.select(q, k, scale, None)
-    plan_public_ms, plan_ms = plan_times(sparse, mask, q, scale, locs)
-    indices = build_plan_indices(mask, layout, locs)
-    attn_ms = timed(lambda: sparse.attention.run(q, k, v), reps)
-    out = sparse.attention.run(q, k, v)
     causal_blocks = layout.num_rows * (layout.num_rows + 1) / 2 * HKV
-    total = select_ms + plan_ms + attn_ms
-    rows.append(
-        dict(
-            L=length,
-            path="sparse",
-            ms=total,
-            select_ms=select_ms,
-            plan_ms=plan_ms,
-            plan_public_ms=plan_public_ms,
-            attn_ms=attn_ms,
-            density=float(mask.sum()) / causal_blocks,
-            recall=sum(bool(mask[n]) for n in needles) / len(needles),
-            rel_err=float((out.float() - dense_out.float()).norm() / dense_out.float().norm()),
-            tflops=plan_flops(indices) / attn_ms / 1e9,
-            per_layer_overhead=(select_ms + plan_ms) / attn_ms,
+    for scorer in SCORERS:
+        sparse = SparsePrefill(SparseSettings(scorer=scorer), BlockSparsePrefill(workspace, backends[0]))
+        sparse.begin(layout, locs)
+        select_ms = timed(lambda s=sparse: s.select(q, k, scale, None), reps)
+        mask = sparse.select(q, k, scale, None)
+        plan_public_ms, plan_ms = plan_times(sparse, mask, q, scale, locs)
+        indices = build_plan_indices(mask, layout, locs)
+        attn_ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
+        out = sparse.attention.run(q, k, v)
+        total = select_ms + plan_ms + attn_ms
+        rows.append(
+            dict(
+                L=length,
+                path=f"sparse_{scorer}",
+                backend=sparse.attention.backend,
+                ms=total,
+                select_ms=select_ms,
+                plan_ms=plan_ms,
+                plan_public_ms=plan_public_ms,
+                attn_ms=attn_ms,
+                shared_ms=attn_ms + (select_ms + plan_ms) / SPARSE_LAYERS,
+                density=float(mask.sum()) / causal_blocks,
+                recall=sum(bool(mask[n]) for n in needles) / len(needles),
+                rel_err=float((out.float() - dense_out.float()).norm() / dense_out.float().norm()),
+                tflops=plan_flops(indices) / attn_ms / 1e9,
+                per_layer_overhead=(select_ms + plan_ms) / attn_ms,
+            )
         )
-    )
-    for density in (0.1, 0.05):
-        cols = torch.arange(layout.num_rows, device=DEV)
-        causal = cols[None, :] <= cols[:, None]
+    cols = torch.arange(layout.num_rows, device=DEV)
+    causal = cols[None, :] <= cols[:, None]
+    for density in (1.0, 0.1, 0.05):
         rand = torch.rand(HKV, layout.num_rows, layout.num_rows, device=DEV) < density
         rmask = (rand | (cols[None, :] == cols[:, None])) & causal
-        sparse.plan(rmask, q, scale)
-        ms = timed(lambda: sparse.attention.run(q, k, v), reps)
         flops = plan_flops(build_plan_indices(rmask, layout, locs))
-        rows.append(dict(L=length, path=f"rand_{density}", ms=ms, tflops=flops / ms / 1e9, density=density))
+        for backend in backends:
+            sparse = SparsePrefill(SparseSettings(), BlockSparsePrefill(workspace, backend))
+            sparse.begin(layout, locs)
+            sparse.plan(rmask, q, scale)
+            ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
+            name = f"rand_{density}_{sparse.attention.backend}"
+            rows.append(dict(L=length, path=name, ms=ms, tflops=flops / ms / 1e9, density=density))
     for row in rows:
         row["vs_sdpa"] = rows[0]["ms"] / row["ms"]
+        if "shared_ms" in row:
+            row["vs_sdpa_shared"] = rows[0]["ms"] / row["shared_ms"]
         row["pct_ceiling"] = 100 * row["tflops"] / ceiling
     return rows
 
@@ -248,8 +267,10 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
     ]
     locs = torch.arange(total, device=DEV)
     summaries = KeySummaryCache(total, 1, HKV, D, BLOCK, DEV)
-    for use in (False, True):
-        sparse = SparsePrefill(SparseSettings(), BlockSparsePrefill(workspace), summaries if use else None)
+    for scorer, use in (("sampled", False), ("pooled", False), ("pooled", True)):
+        sparse = SparsePrefill(
+            SparseSettings(scorer=scorer), BlockSparsePrefill(workspace), summaries if use else None
+        )
         if use:  # the earlier chunks left their blocks' summaries behind
             first = BlockLayout.build([0], [prefix], BLOCK, DEV)
             sparse.begin(first, locs[:prefix])
@@ -264,7 +285,7 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
         rows.append(
             dict(
                 L=total,
-                path=f"chunk{chunk // 1024}K_sparse" + ("_summaries" if use else ""),
+                path=f"chunk{chunk // 1024}K_{scorer}" + ("_summaries" if use else ""),
                 ms=select_ms + plan_ms + attn_ms,
                 select_ms=select_ms,
                 plan_ms=plan_ms,
@@ -280,7 +301,10 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
     return rows
 
 
-COLUMNS = "L path ms select_ms plan_ms plan_public_ms attn_ms per_layer_overhead vs_sdpa tflops pct_ceiling density recall rel_err"
+COLUMNS = (
+    "L path backend ms select_ms plan_ms plan_public_ms attn_ms per_layer_overhead vs_sdpa shared_ms vs_sdpa_shared "
+    "tflops pct_ceiling density recall rel_err"
+)
 
 
 def table(rows: list[dict], ceiling: float) -> str:
@@ -296,7 +320,8 @@ def table(rows: list[dict], ceiling: float) -> str:
         "vs_sdpa: dense torch SDPA time / this row's (chunk rows: FlashInfer paged dense time / this row's)."
     )
     lines.append(
-        "per_layer_overhead: (select + plan) / attention, the cost of selecting in every layer, not once."
+        "per_layer_overhead: (select + plan) / attention, the cost of selecting in every layer, not once; "
+        f"shared_ms: attention + (select + plan) / {SPARSE_LAYERS}, one layout shared by {SPARSE_LAYERS} layers."
     )
     lines.append(
         "plan_ms: indices + direct FlashInfer planner call (what runs); plan_public_ms: indices + "
@@ -310,14 +335,18 @@ def main() -> None:
     parser.add_argument("--lens", type=int, nargs="+", default=[8192, 32768, 65536, 131072])
     parser.add_argument("--chunk", type=int, default=8192)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--backends", nargs="+", default=["auto", "fa2"],
+        help="FlashInfer backends of the sparse kernel: the first runs the scored rows, all run the random-mask rows",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.manual_seed(0)
     workspace = torch.empty(512 << 20, dtype=torch.uint8, device=DEV)
     ceiling = matmul_ceiling()
     rows: list[dict] = []
     for length in args.lens:
-        rows += bench_length(length, ceiling, workspace)
-        print(json.dumps(rows[-5:]), flush=True)
+        rows += bench_length(length, ceiling, workspace, args.backends)
+        print(json.dumps([r for r in rows if r["L"] == length]), flush=True)
         torch.cuda.empty_cache()
     rows += bench_chunk(max(args.lens), args.chunk, workspace, ceiling)
     info = dict(

@@ -1,16 +1,19 @@
 """Accuracy of block-sparse prefill on real weights: next-token predictions, sparse vs dense (issue 6).
 
     python bench/sparse_accuracy.py --model-dir DIR [--prompts 8] [--length 8192] [--json PATH]
-        [--thresholds 0.05 ...] [--local-blocks 4 ...] [--dense-layers 2] [--block-size 128]
+        [--configs sampled:0.95 pooled:0.05 ...] [--samples 2] [--local-blocks 4] [--dense-layers 2]
+        [--block-size 128] [--shared] [--device cuda|cpu] [--emulate]
 
 Loads an HF checkpoint (SmolLM2-135M-Instruct, converted by scripts/models/convert_smollm2.py) with
 transformers on the GPU and runs each prompt of `--length` tokens of real text (`real_text.py`) twice:
 dense (torch SDPA, causal) and with every layer from `--dense-layers` on attending through this
 package's `SparsePrefill` exactly as the serving backend runs a fresh prompt (one KV pool slot per
-position, selection and plan at the first sparse layer, shared by the later layers). Reports, over
+position, selection and plan in every sparse layer, or with --shared once at the first). With
+--emulate (always on the CPU) the model runs in fp32 and the kept blocks through exact masked SDPA,
+so only the selection differs from dense. Reports, over
 every position and over the positions past the first 1,024: top-1 agreement of the next-token
-argmax, mean KL(dense || sparse) of the next-token distributions, and the kept-block density, for
-every (threshold, local blocks) setting given.
+argmax, mean KL(dense || sparse) of the next-token distributions, and the kept-block density (mean
+over the selecting layers), for every scorer:value setting given.
 """
 
 from __future__ import annotations
@@ -32,10 +35,14 @@ TAIL_FROM = 1024
 class SparseAttention:
     """A transformers attention function: SDPA for the first layers, `SparsePrefill` for the rest."""
 
-    def __init__(self, sparse: SparsePrefill, dense_layers: int, block_size: int) -> None:
+    def __init__(
+        self, sparse: SparsePrefill, dense_layers: int, block_size: int, per_layer: bool, emulate: bool
+    ):
         self.sparse = sparse
         self.dense_layers = dense_layers
         self.block_size = block_size
+        self.per_layer = per_layer
+        self.emulate = emulate
         self.densities: list[float] = []
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -53,26 +60,30 @@ class SparseAttention:
         if first:
             layout = BlockLayout.build([0], [length], self.block_size, q.device)
             self.sparse.begin(layout, torch.arange(length, device=q.device))
-        if q.is_cuda:
-            out = self.sparse.forward(q, k, v, scaling, replan=False)
+            self._layer_densities: list[float] = []
+        select = first or self.per_layer
+        if self.emulate:
+            out = self._emulate(q, k, v, scaling, select)
         else:
-            out = self._emulate(q, k, v, scaling, first)
-        if first:
-            self.densities.append(self.sparse.density())
+            out = self.sparse.forward(q, k, v, scaling, replan=self.per_layer)
+        if select:
+            self._layer_densities.append(self.sparse.density())
+        if module.layer_idx == module.config.num_hidden_layers - 1:
+            self.densities.append(statistics.mean(self._layer_densities))
         return out.unsqueeze(0), None
 
     def _emulate(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, first: bool
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, select: bool
     ) -> torch.Tensor:
-        """On the CPU: the same block selection (torch reference), then exact attention restricted to the
-        kept blocks (masked SDPA), so only the selection differs from dense."""
+        """The same block selection, then exact attention restricted to the kept blocks (masked SDPA in
+        the model's dtype, fp32 here), so only the selection differs from dense."""
         group = q.shape[1] // k.shape[1]
-        if first:
+        if select:
             self.sparse.mask = self.sparse.select(q, k, scaling, None)
-            blocks = torch.arange(q.shape[0]) // self.block_size
+            blocks = torch.arange(q.shape[0], device=q.device) // self.block_size
             keep = (
                 self.sparse.mask[:, blocks][:, :, blocks]
-                & torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).tril()
+                & torch.ones(q.shape[0], q.shape[0], dtype=torch.bool, device=q.device).tril()
             )
             self._keep = keep.repeat_interleave(group, 0)
         out = F.scaled_dot_product_attention(
@@ -95,15 +106,29 @@ def compare_logits(dense: torch.Tensor, sparse: torch.Tensor, density: float) ->
     )
 
 
+def parse_config(text: str) -> tuple[str, float]:
+    scorer, _, value = text.partition(":")
+    if scorer not in ("sampled", "pooled") or not value:
+        raise argparse.ArgumentTypeError(f"expected sampled:MASS or pooled:THRESHOLD, got {text!r}")
+    return scorer, float(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--length", type=int, default=8192)
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[SparseSettings.threshold])
-    parser.add_argument("--local-blocks", type=int, nargs="+", default=[SparseSettings.local_blocks])
+    parser.add_argument(
+        "--configs", type=parse_config, nargs="+", default=[("sampled", SparseSettings.mass)],
+        help="scorer:value pairs, sampled:MASS (coverage) or pooled:THRESHOLD",
+    )  # fmt: skip
+    parser.add_argument("--samples", type=int, default=SparseSettings.samples)
+    parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)
     parser.add_argument("--dense-layers", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=SparseSettings.block_size)
+    parser.add_argument(
+        "--shared", action="store_true", help="select at the first sparse layer only, share it"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--device",
@@ -111,25 +136,32 @@ def main() -> None:
         help="cuda: the package's FlashInfer sparse path in bf16; cpu: the same selection, then exact fp32 "
         "attention over the kept blocks (isolates the selection from kernel rounding)",
     )
+    parser.add_argument(
+        "--emulate", action="store_true", help="on cuda too: fp32 model, exact masked attention"
+    )
     a = parser.parse_args()
 
     from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(a.model_dir)
-    on_gpu = a.device == "cuda"
+    emulate = a.emulate or a.device == "cpu"
     model = AutoModelForCausalLM.from_pretrained(
-        a.model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32, attn_implementation="sdpa"
+        a.model_dir, dtype=torch.float32 if emulate else torch.bfloat16, attn_implementation="sdpa"
     )
     model = model.to(a.device).eval()
-    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=a.device) if on_gpu else None
-    configs = [(t, lb) for lb in a.local_blocks for t in a.thresholds]
+    workspace = None if emulate else torch.empty(128 << 20, dtype=torch.uint8, device=a.device)
     attentions = {}
-    for threshold, local in configs:
-        settings = SparseSettings(block_size=a.block_size, threshold=threshold, local_blocks=local)
-        sparse = SparsePrefill(settings, BlockSparsePrefill(workspace) if on_gpu else None)
-        attentions[threshold, local] = SparseAttention(sparse, a.dense_layers, a.block_size)
+    for scorer, value in a.configs:
+        knob = dict(mass=value) if scorer == "sampled" else dict(threshold=value)
+        settings = SparseSettings(
+            block_size=a.block_size, scorer=scorer, samples=a.samples, local_blocks=a.local_blocks, **knob
+        )
+        sparse = SparsePrefill(settings, None if emulate else BlockSparsePrefill(workspace))
+        attentions[scorer, value] = SparseAttention(
+            sparse, a.dense_layers, a.block_size, not a.shared, emulate
+        )
     ids = corpus_ids(tokenizer, a.prompts * a.length)
-    per_config: dict[tuple[float, int], list[dict[str, float]]] = {c: [] for c in configs}
+    per_config: dict[tuple[str, float], list[dict[str, float]]] = {c: [] for c in attentions}
     for i in range(a.prompts):
         tokens = torch.tensor([ids[i * a.length : (i + 1) * a.length]], device=a.device)
         with torch.no_grad():
@@ -141,21 +173,23 @@ def main() -> None:
                 sparse_logits = model(tokens).logits[0].float()
                 per_config[config].append(compare_logits(dense, sparse_logits, attention.densities[-1]))
     summaries = []
-    for (threshold, local), rows in per_config.items():
+    for (scorer, value), rows in per_config.items():
         summary = {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
         summary["kl_max"] = max(r["kl_max"] for r in rows)
-        summaries.append(dict(threshold=threshold, local_blocks=local, **summary))
+        summaries.append(dict(scorer=scorer, value=value, **summary))
         print(
-            f"threshold {threshold:g}, local blocks {local}: top-1 agreement {summary['top1']:.4f} (past "
-            f"{TAIL_FROM}: {summary['top1_tail']:.4f}), mean KL {summary['kl']:.3g} (past {TAIL_FROM}: "
+            f"{scorer} {value:g}: top-1 agreement {summary['top1']:.4f} (past {TAIL_FROM}: "
+            f"{summary['top1_tail']:.4f}), mean KL {summary['kl']:.3g} (past {TAIL_FROM}: "
             f"{summary['kl_tail']:.3g}), max KL {summary['kl_max']:.3g}, density {summary['density']:.3f}",
             flush=True,
         )
     info = dict(
         model=a.model_dir, length=a.length, prompts=a.prompts, dense_layers=a.dense_layers,
-        block_size=a.block_size, configs=summaries,
-        device=torch.cuda.get_device_name() if on_gpu else f"cpu ({a.device}, fp32, emulated sparse attention)",
-        per_prompt={f"{t:g}/{lb}": rows for (t, lb), rows in per_config.items()},
+        block_size=a.block_size, samples=a.samples, local_blocks=a.local_blocks,
+        selection="shared (first sparse layer)" if a.shared else "per layer", configs=summaries,
+        device=(torch.cuda.get_device_name() if a.device == "cuda" else "cpu")
+        + (" (fp32, emulated sparse attention)" if emulate else " (bf16, FlashInfer block-sparse)"),
+        per_prompt={f"{sc}:{v:g}": rows for (sc, v), rows in per_config.items()},
     )  # fmt: skip
     if a.json:
         a.json.write_text(json.dumps(info, indent=1))

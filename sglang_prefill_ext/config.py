@@ -19,6 +19,7 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "cost")
 DEFAULT_EVICTION = "cost"
 SGLANG_DEFAULT_EVICTION = "lru"  # --radix-eviction-policy's default
 SCHEDULES = ("auto", "lpm-aging", "stock")
+SCORERS = ("sampled", "pooled")  # ops.settings.SCORERS (the ops layer validates them again)
 
 
 def _option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -39,10 +40,25 @@ class PrefillExtConfig:
         False,
         "Block-sparse attention for long extend batches (FlashInfer); decode and short prompts stay dense.",
     )
+    sparse_scorer: str = _option(
+        "sampled",
+        "How key blocks are chosen: 'sampled' (a few exact query rows per query block and head attend over "
+        "all keys; a block is kept while the row's kept mass is below --prefill-ext-sparse-mass) or 'pooled' "
+        "(mean query . mean key per block pair against --prefill-ext-sparse-threshold; cheaper, less exact).",
+        SCORERS,
+    )
+    sparse_mass: float = _option(
+        0.95,
+        "Sampled scorer: keep the fewest, largest key blocks holding this fraction of each query block's "
+        "estimated attention (mean over the KV head's query heads and the sampled rows); 1 keeps them all.",
+    )
+    sparse_samples: int = _option(
+        2, "Sampled scorer: query rows sampled per query block (the last, then evenly back to the first)."
+    )
     sparse_threshold: float = _option(
         0.05,
-        "Keep a key block when its estimated attention weight (from pooled Q/K) is at least this fraction "
-        "of the row's best block, for any query head of the KV head's group; 0 keeps every block.",
+        "Pooled scorer: keep a key block when its estimated attention weight (from pooled Q/K) is at least "
+        "this fraction of the row's best block, for any query head of the KV head's group; 0 keeps every block.",
     )
     sparse_min_len: int = _option(
         32768,
@@ -70,13 +86,14 @@ class PrefillExtConfig:
         1, "The last N query blocks of each request's extend attend densely (e.g. the question at the end)."
     )
     sparse_per_layer: bool = _option(
-        False,
-        "Score and plan in every sparse layer; default: score once at the first sparse layer and share "
-        "its layout with all later layers (one plan per forward).",
+        True,
+        "Score and plan in every sparse layer (on SmolLM2 a layout shared by all layers keeps less of the "
+        "attention at a higher density); off: score once at the first sparse layer, one plan per forward.",
     )
     sparse_summaries: bool = _option(
         True,
-        "Keep each full key block's pooled key next to the KV cache so cached prefixes are never rescored.",
+        "Pooled scorer: keep each full key block's pooled key next to the KV cache so cached prefixes are "
+        "never rescored.",
     )
     cascade: bool = _option(
         False,

@@ -28,12 +28,12 @@ touch /tmp/jit/.start
 echo "unpacked in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total,driver_version --format=csv,noheader
 
-timeout 150 python3 -m pytest -m gpu tests/ops --ignore=tests/ops/test_backend_dispatch.py -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
+timeout 240 python3 -m pytest -m gpu tests/ops --ignore=tests/ops/test_backend_dispatch.py -q -rfE -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
 pytest_rc=${PIPESTATUS[0]}
 echo "gpu tests: rc=$pytest_rc after $(( $(date +%s) - t0 )) s"
 
 # shellcheck disable=SC2086  # LENS is a list
-timeout 120 python3 bench/ops_bench.py --lens $LENS --json "$OUT/ops_bench.json" 2>&1 | tee "$OUT/ops_bench.log"
+timeout ${BENCH_TIMEOUT:-300} python3 bench/ops_bench.py --lens $LENS --json "$OUT/ops_bench.json" 2>&1 | tee "$OUT/ops_bench.log"
 bench_rc=${PIPESTATUS[0]}
 echo "bench: rc=$bench_rc after $(( $(date +%s) - t0 )) s"
 
@@ -69,14 +69,16 @@ try:
 except (OSError, ValueError, KeyError) as err:
     sys.exit(f"no bench JSON: {err}")
 print("\n== sparse rows: where the time goes (ms; plan = indices + FlashInfer planner)")
-head = ("L", "path", "total", "select", "plan", "plan_public", "attn", "speed-up", "density", "recall")
+head = ("L", "path", "backend", "total", "select", "plan", "attn", "speed-up", "shared speed-up", "density",
+        "recall")
 print(" | ".join(head))
 for r in rows:
     if "plan_ms" not in r:
         continue
-    cells = [r["L"], r["path"], r["ms"], r["select_ms"], r["plan_ms"], r["plan_public_ms"], r["attn_ms"],
-             r["vs_sdpa"], r.get("density", ""), r.get("recall", "")]
+    cells = [r["L"], r["path"], r.get("backend", ""), r["ms"], r["select_ms"], r["plan_ms"], r["attn_ms"],
+             r["vs_sdpa"], r.get("vs_sdpa_shared", ""), r.get("density", ""), r.get("recall", "")]
     print(" | ".join(f"{c:.3g}" if isinstance(c, float) else str(c) for c in cells))
-print("speed-up: vs torch SDPA (full rows) or FlashInfer paged dense (chunk rows), select + plan + attn counted.")
+print("speed-up: vs torch SDPA (full rows) or FlashInfer paged dense (chunk rows), select + plan + attn counted;")
+print("shared speed-up: select + plan counted once per 30 layers (--prefill-ext-sparse-per-layer off).")
 PY
 } | tee "$OUT/summary.txt"

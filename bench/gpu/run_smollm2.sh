@@ -3,7 +3,8 @@
 #  1. SmolLM2-135M-Instruct as an HF checkpoint in $HF: converted from the GGUF parts stashed in $PARTS
 #     (scripts/models/convert_smollm2.py join + convert) unless $HF/config.json exists;
 #  2. sparse accuracy: bench/sparse_accuracy.py $ACCURACY_ARGS (SmolLM2 at 8K, sparse vs dense
-#     next-token predictions);
+#     next-token predictions), or one run per "name: args" entry of ACCURACY_RUNS (';'-separated),
+#     results in $OUT/<name>.json/.log;
 #  3. greedy identity: for each of VARIANTS, set the patch state (stock: reverted; off: patched, flag
 #     off; ext*: patched with EXT_ARGS_<name>), start the server with identical SERVER_ARGS, run
 #     bench/greedy_check.py (50 prompts: chunked, cache hits, partial hits, a burst), stop it; then
@@ -62,9 +63,14 @@ if [ ! -f "$HF/config.json" ]; then
 fi
 
 if [ "$ACCURACY" = 1 ]; then
-  # shellcheck disable=SC2086  # ACCURACY_ARGS is a list
-  timeout "$(left)" $PY bench/sparse_accuracy.py --model-dir "$HF" --json "$OUT/accuracy.json" $ACCURACY_ARGS 2>&1 \
-    | grep -v Warning | tee "$OUT/accuracy.log"
+  IFS=';' read -r -a accuracy_runs <<<"${ACCURACY_RUNS:-accuracy:$ACCURACY_ARGS}"
+  for run in "${accuracy_runs[@]}"; do
+    name=$(echo "${run%%:*}" | tr -d ' ')
+    log "sparse accuracy run $name: ${run#*:}"
+    # shellcheck disable=SC2086  # the run's arguments are a list
+    timeout "$(left)" $PY bench/sparse_accuracy.py --model-dir "$HF" --json "$OUT/$name.json" ${run#*:} 2>&1 \
+      | grep -v Warning | tee "$OUT/$name.log"
+  done
 fi
 
 files=()

@@ -47,6 +47,11 @@ class BlockSparsePrefill:
         self._num_kv_heads = 0
         self._signature: tuple[int, int, torch.dtype, float, float] | None = None
 
+    @property
+    def backend(self) -> str:
+        """FlashInfer's kernel family: "fa2" or "fa3" once planned ("auto" resolves at the first plan)."""
+        return self._wrapper._backend
+
     def plan(
         self,
         indices: PlanIndices,

@@ -1,7 +1,9 @@
-"""Block selection from pooled Q/K: which key blocks each query block keeps, per KV head.
+"""Block selection: which key blocks each query block keeps, per KV head.
 
-Score of query block r and key block c for query head g: s = sm_scale * mean(q_r) . mean(k_c), which
-is exactly the mean logit over the block pair. For KV head h the block is kept when any query head of
+`select_by_mass` keeps the blocks that carry a row's estimated attention mass (sampled.py), the
+default scorer. The pooled scorer reads one mean key per block (cached as key summaries): the score
+of query block r and key block c for query head g is s = sm_scale * mean(q_r) . mean(k_c), exactly
+the mean logit over the block pair. For KV head h the block is kept when any query head of
 h's group has s >= max_c'(s) + log(threshold) (the estimated attention weight is at least `threshold`
 of the row's best), or a structural rule holds (sink, local window incl. the diagonal, last rows);
 only causal blocks (c <= the row's own block) are ever kept. Output: bool [Hkv, R, max_key_blocks].
@@ -133,6 +135,16 @@ def block_scores_reference(
     return s.masked_fill(~causal, float("-inf"))
 
 
+def structural_blocks(layout: BlockLayout, settings: SparseSettings, device: torch.device) -> torch.Tensor:
+    """Blocks kept whatever the scores (sinks, local window, diagonal, last rows), and causal: bool [R, C]."""
+    cols = torch.arange(layout.max_key_blocks, device=device)[None, :]
+    diag = layout.row_block.long().to(device)[:, None]
+    last = layout.req_num_key_blocks[layout.row_req.long()].long().to(device)[:, None] - settings.last_blocks
+    structural = (cols < settings.sink_blocks) | (cols > diag - settings.local_blocks) | (cols == diag)
+    structural = structural | (diag >= last)
+    return structural & (cols <= diag)
+
+
 def select_blocks_reference(
     qpool: torch.Tensor, kpool: torch.Tensor, layout: BlockLayout, settings: SparseSettings, sm_scale: float
 ) -> torch.Tensor:
@@ -142,12 +154,21 @@ def select_blocks_reference(
     causal = torch.isfinite(s[0])
     best = s.amax(-1, keepdim=True)
     passed = ((s - best) >= settings.log_threshold).view(num_kv_heads, -1, num_rows, num_cols).any(1)
-    cols = torch.arange(num_cols, device=s.device)[None, :]
-    diag = layout.row_block.long()[:, None]
-    last = layout.req_num_key_blocks[layout.row_req.long()].long()[:, None] - settings.last_blocks
-    structural = (cols < settings.sink_blocks) | (cols > diag - settings.local_blocks) | (cols == diag)
-    structural = structural | (diag >= last)
-    return (passed | structural[None]) & causal[None]
+    return (passed & causal[None]) | structural_blocks(layout, settings, s.device)[None]
+
+
+def select_by_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
+    """Per (KV head, row) the fewest key blocks whose estimated mass reaches `settings.mass` (largest
+    first), plus the structural blocks: bool [Hkv, R, C]. `mass` is zero outside causal blocks; a
+    coverage of 1 keeps every causal block."""
+    if settings.mass >= 1.0:
+        causal = torch.arange(mass.shape[-1], device=mass.device)[None, :] <= layout.row_block.long()[:, None]
+        return causal[None].expand_as(mass).clone()
+    ranked, order = mass.sort(-1, descending=True)
+    before = ranked.cumsum(-1) - ranked
+    keep = (before < settings.mass * ranked.sum(-1, keepdim=True)) & (ranked > 0)
+    chosen = torch.zeros_like(keep).scatter_(-1, order, keep)
+    return chosen | structural_blocks(layout, settings, mass.device)[None]
 
 
 def select_blocks(

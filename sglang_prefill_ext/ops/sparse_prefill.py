@@ -1,8 +1,8 @@
 """One extend batch's sparse attention: select blocks, plan, run — per forward or per layer.
 
-`begin` takes the batch's layout and KV slots once per forward. `forward` of a layer pools that
-layer's queries and keys (reading cached prefix blocks' summaries instead of their keys), selects
-the kept blocks, plans FlashInfer and runs; with `replan=False` a later layer reuses the plan and
+`begin` takes the batch's layout and KV slots once per forward. `forward` of a layer scores that
+layer's queries against the context's keys (sampled rows, or pooled blocks reading cached prefix
+blocks' summaries instead of their keys), selects the kept blocks, plans FlashInfer and runs; with `replan=False` a later layer reuses the plan and
 only runs the attention (one selection and one plan per forward).
 """
 
@@ -14,7 +14,8 @@ from .attention import BlockSparsePrefill
 from .layout import BlockLayout
 from .plan import build_plan_indices
 from .pooling import key_segments, pool_keys, pool_queries
-from .scoring import select_blocks
+from .sampled import block_mass
+from .scoring import select_blocks, select_by_mass
 from .settings import SparseSettings
 from .summaries import KeySummaryCache
 
@@ -53,6 +54,9 @@ class SparsePrefill:
     ) -> torch.Tensor:
         """Kept blocks [Hkv, R, C] from this layer's queries [N, Hq, D] and KV pool keys."""
         layout = self.layout
+        if self.settings.scorer == "sampled":
+            mass = block_mass(q, k_buffer, self._locs, layout, self.settings.samples, sm_scale)
+            return select_by_mass(mass, layout, self.settings)
         slots = cache = None
         use_summaries = self.summaries is not None and summary_layer is not None
         if use_summaries:

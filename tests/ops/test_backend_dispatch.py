@@ -169,7 +169,7 @@ def test_a_too_dense_sparse_layout_hands_the_batch_to_the_dense_path() -> None:
     writing K/V once; it and every later layer run the dense path, which writes no K/V twice."""
     from sglang_prefill_ext.ops import BlockSparsePrefill, SparsePrefill, SparseSettings
 
-    backend = _backend(dense=True, sparse_threshold=0.0, sparse_block_size=128)
+    backend = _backend(dense=True, sparse_scorer="pooled", sparse_threshold=0.0, sparse_block_size=128)
     writes = []
     pool_k = torch.randn(4096, 2, 16)
     backend.token_to_kv_pool = types.SimpleNamespace(
@@ -182,7 +182,7 @@ def test_a_too_dense_sparse_layout_hands_the_batch_to_the_dense_path() -> None:
     recorder = _Recorder()
     backend.dense._attention = recorder
     backend.sparse = SparsePrefill(
-        SparseSettings(threshold=0.0), BlockSparsePrefill.__new__(BlockSparsePrefill)
+        SparseSettings(scorer="pooled", threshold=0.0), BlockSparsePrefill.__new__(BlockSparsePrefill)
     )
     batch = _batch(seq_lens=(3000,))
     batch.out_cache_loc = torch.arange(3000)

@@ -21,6 +21,7 @@ from sglang_prefill_ext.ops.pooling import (
     query_segments,
     segment_mean_reference,
 )
+from sglang_prefill_ext.ops.sampled import block_mass_reference, block_mass_triton
 from sglang_prefill_ext.ops.scoring import select_blocks_reference
 
 pytestmark = pytest.mark.gpu
@@ -46,18 +47,25 @@ SCENARIOS = {
 }
 
 
+KEEP_ALL = {
+    "pooled": SparseSettings(scorer="pooled", threshold=0.0),
+    "sampled": SparseSettings(scorer="sampled", mass=1.0),
+}
+
+
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 @pytest.mark.parametrize("page", [1, 16])
 @pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("heads", [(32, 8), (28, 4)])
+@pytest.mark.parametrize("scorer", sorted(KEEP_ALL))
 def test_all_blocks_kept_equals_fp32_sdpa(
-    scenario: str, page: int, head_dim: int, heads: tuple[int, int]
+    scenario: str, page: int, head_dim: int, heads: tuple[int, int], scorer: str
 ) -> None:
     prefix, extend = SCENARIOS[scenario]
     ctx = [p + n for p, n in zip(prefix, extend, strict=True)]
     pool = make_pool(ctx, page, heads[1], head_dim, device=DEVICE)
     q = torch.randn(sum(extend), heads[0], head_dim, device=DEVICE).bfloat16()
-    out = _run_chunk(_sparse(SparseSettings(threshold=0.0)), pool, prefix, extend, q)
+    out = _run_chunk(_sparse(KEEP_ALL[scorer]), pool, prefix, extend, q)
     assert_requests_match_sdpa(out, q, pool, prefix, extend)
 
 
@@ -69,7 +77,7 @@ def test_chunked_prefill_with_summaries_equals_fp32_sdpa(
     total, chunk = 5000, 1500  # chunks start mid-block
     pool = make_pool([total], page, heads[1], head_dim, device=DEVICE)
     summaries = KeySummaryCache(pool.k.shape[0], 1, heads[1], head_dim, 128, DEVICE)
-    sparse = _sparse(SparseSettings(threshold=0.0), summaries)
+    sparse = _sparse(KEEP_ALL["pooled"], summaries)
     q = torch.randn(total, heads[0], head_dim, device=DEVICE).bfloat16()
     k, v = request_kv(pool, 0, total)
     for start in range(0, total, chunk):
@@ -80,39 +88,62 @@ def test_chunked_prefill_with_summaries_equals_fp32_sdpa(
     assert int(summaries.num_free) == summaries.capacity - total // 128
 
 
-def _plant_needles(q: torch.Tensor, pool, num: int, seed: int) -> list[tuple[int, int, int]]:
-    """Add a shared direction to one query head's block and one key block: (kv head, q block, k block)."""
+def _plant_needles(q: torch.Tensor, pool, num: int, seed: int) -> list[tuple[int, int, int, bool]]:
+    """Add a shared direction to one query head's block and to one key block or, every other needle,
+    to a single key token: (kv head, q block, k block, token)."""
     gen = torch.Generator().manual_seed(seed)
     num_blocks = q.shape[0] // 128
     group = q.shape[1] // pool.k.shape[1]
     needles = []
-    for _ in range(num):
+    for n in range(num):
         qb = int(torch.randint(8, num_blocks, (1,), generator=gen))
         kb = int(torch.randint(1, qb - 4, (1,), generator=gen))
         qh = int(torch.randint(0, q.shape[1], (1,), generator=gen))
+        token = n % 2 == 1
         u = torch.randn(q.shape[-1], generator=gen).to(DEVICE)
-        u = 8.0 * u / u.norm()
+        u = (16.0 if token else 8.0) * u / u.norm()
         q[qb * 128 : (qb + 1) * 128, qh] += u.to(q.dtype)
-        locs = pool.req_to_token[pool.req_pool_indices[0], kb * 128 : (kb + 1) * 128].long()
+        keys = slice(kb * 128 + 77, kb * 128 + 78) if token else slice(kb * 128, (kb + 1) * 128)
+        locs = pool.req_to_token[pool.req_pool_indices[0], keys].long()
         pool.k[locs, qh // group] += u.to(pool.k.dtype)
-        needles.append((qh // group, qb, kb))
+        needles.append((qh // group, qb, kb, token))
     return needles
 
 
 @pytest.mark.parametrize(("heads", "head_dim"), [((32, 8), 128), ((28, 4), 64)])
+@pytest.mark.parametrize("scorer", ["sampled", "pooled"])
 def test_planted_needles_are_always_selected_at_default_settings(
-    heads: tuple[int, int], head_dim: int
+    heads: tuple[int, int], head_dim: int, scorer: str
 ) -> None:
+    """Every needle with the default (sampled) scorer; the pooled scorer only promises whole-block ones
+    (a single key token is diluted 1/128 in its block's mean)."""
     total = 16384
     pool = make_pool([total], 1, heads[1], head_dim, device=DEVICE)
     q = torch.randn(total, heads[0], head_dim, device=DEVICE).bfloat16()
     needles = _plant_needles(q, pool, 24, seed=7)
-    sparse = _sparse(SparseSettings())
+    sparse = _sparse(SparseSettings(scorer=scorer))
     layout = BlockLayout.build([0], [total], 128, DEVICE)
     sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
     mask = sparse.select(q, pool.k, head_dim**-0.5, summary_layer=None)
-    missed = [n for n in needles if not bool(mask[n])]
+    promised = [n for n in needles if scorer == "sampled" or not n[3]]
+    missed = [n for n in promised if not bool(mask[n[:3]])]
     assert not missed, f"needles not selected: {missed}"
+
+
+@pytest.mark.parametrize(("heads", "head_dim", "samples"), [((32, 8), 128, 2), ((9, 3), 64, 3)])
+def test_sampled_mass_kernel_matches_torch_on_gpu(
+    heads: tuple[int, int], head_dim: int, samples: int
+) -> None:
+    prefix, extend = [2000, 0, 300], [900, 3000, 5]
+    pool = make_pool(
+        [p + n for p, n in zip(prefix, extend, strict=True)], 16, heads[1], head_dim, device=DEVICE
+    )
+    layout = BlockLayout.build(prefix, extend, 128, DEVICE)
+    locs = context_locs(layout, pool.req_to_token, pool.req_pool_indices)
+    q = torch.randn(layout.num_tokens, heads[0], head_dim, device=DEVICE).bfloat16()
+    got = block_mass_triton(q, pool.k, locs, layout, samples, head_dim**-0.5)
+    want = block_mass_reference(q, pool.k, locs, layout, samples, head_dim**-0.5)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-2)
 
 
 def test_triton_pooling_and_selection_match_torch_on_gpu() -> None:
@@ -124,7 +155,7 @@ def test_triton_pooling_and_selection_match_torch_on_gpu() -> None:
     qpool, kpool = pool_queries(q, layout), pool_keys(pool.k, key_segments(layout, locs))
     torch.testing.assert_close(qpool, segment_mean_reference(q, query_segments(layout)))
     torch.testing.assert_close(kpool, segment_mean_reference(pool.k, key_segments(layout, locs)))
-    settings = SparseSettings(threshold=0.5)
+    settings = SparseSettings(scorer="pooled", threshold=0.5)
     sparse = _sparse(settings)
     sparse.begin(layout, locs)
     got = sparse.select(q, pool.k, 0.5, summary_layer=None)

@@ -57,7 +57,7 @@ def test_chunked_prefill_never_rescored_its_cached_prefix() -> None:
     block, first, second = 16, 64, 40
     pool = make_pool([first + second], page_size=1, num_kv_heads=2, head_dim=32, dtype=torch.float32)
     cache = KeySummaryCache(pool.k.shape[0], 1, 2, 32, block, "cpu", dtype=torch.float32)
-    sparse = SparsePrefill(SparseSettings(block_size=block), attention=None, summaries=cache)
+    sparse = SparsePrefill(SparseSettings(block_size=block, scorer="pooled"), attention=None, summaries=cache)
 
     def select(prefix: int, extend: int, k: torch.Tensor) -> torch.Tensor:
         layout = BlockLayout.build([prefix], [extend], block)

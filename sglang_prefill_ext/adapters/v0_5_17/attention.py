@@ -6,9 +6,9 @@ What runs where:
   `sparse_min_extend` new tokens: stock (a cache hit over a long prefix is not worth a plan);
 - a sparse batch: its first `sparse_dense_layers` layers run stock; every later layer writes its
   K/V to the pool as stock does, then attends over the pool through the block-sparse layout
-  (prefix and chunk alike, see `sglang_prefill_ext.ops.layout`). By default the layout is selected
-  and planned once, at the first sparse layer, and shared by all later layers; with
-  `sparse_per_layer` every sparse layer scores and plans its own.
+  (prefix and chunk alike, see `sglang_prefill_ext.ops.layout`). By default every sparse layer
+  scores and plans its own layout; with `sparse_per_layer` off the first sparse layer's layout is
+  shared by all later layers.
 - not sparse: `--prefill-ext-cascade` and `--prefill-ext-dense` batches, in that order, take their
   paths (`cascade.py`, `dense.py`; the shared lifecycle in `extend_path.py`).
 - Not sparse (stock instead): sliding-window or cross-attention models, encoder-only layers,
@@ -24,7 +24,7 @@ never correctness. Batches no path takes keep their graphs.
 Observability: at INFO, one log line per sparse forward with the kept-block density of its layout
 (one host read-back per forward, after its first sparse layer).
 
-Key summaries: the pooled key of every full block is kept per KV slot (`KeySummaryCache`), written
+Key summaries (pooled scorer only): the pooled key of every full block is kept per KV slot (`KeySummaryCache`), written
 when a sparse forward completes the block and forgotten as soon as its first KV slot is written
 again: the model runner calls `release_kv_slots(out_cache_loc)` before every forward (the patched
 `_forward_raw`), eager or replayed.
@@ -69,6 +69,9 @@ logger = logging.getLogger(__name__)
 def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
     return SparseSettings(
         block_size=config.sparse_block_size,
+        scorer=config.sparse_scorer,
+        mass=config.sparse_mass,
+        samples=config.sparse_samples,
         threshold=config.sparse_threshold,
         sink_blocks=config.sparse_sink_blocks,
         local_blocks=config.sparse_local_blocks,
@@ -87,7 +90,7 @@ class PrefillExtFlashInferBackend(FlashInferAttnBackend):
         pool = self.token_to_kv_pool
         self._first_sparse_layer = pool.start_layer + config.sparse_dense_layers
         summaries = None
-        if config.sparse and config.sparse_summaries:
+        if config.sparse and config.sparse_summaries and config.sparse_scorer == "pooled":
             scoring_layers = (
                 max(1, pool.layer_num - config.sparse_dense_layers) if config.sparse_per_layer else 1
             )

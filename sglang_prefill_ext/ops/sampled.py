@@ -1,0 +1,259 @@
+"""Block attention mass from sampled query rows: what a query block actually reads, at a fraction of the cost.
+
+For every query block (row) a few query positions are sampled (`samples`: the last row of the block,
+then evenly spread back to its first); each sampled row of every query head of a KV head's group
+attends exactly, with softmax over all its causal keys, and its weight is summed per key block. The
+mass of key block c for row r and KV head h is the mean of those sums over the group's heads and
+the samples: mass[h, r, c] in [0, 1], each row summing to 1. Pooled means (scoring.py) average a
+spiky key away; exact rows of real queries do not, and cost samples x group / block_size of dense
+QK^T (no PV). Keys are read from the KV pool through `locs`, so a cached prefix costs no extra pass.
+
+The kernel takes up to `ROW_BLOCKS` consecutive rows of one request per program, so each key tile
+read from the pool serves all of them. First pass: per sampled row and key block the block's
+log-sum-exp (kept in a scratch buffer) and the row's running one; second pass: normalised weights,
+averaged per row block.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import triton_enabled
+from .layout import BlockLayout
+
+_FLOOR = -1.0e30
+_LOG2E = 1.4426950408889634
+_TILE_ROWS = 128  # sampled rows per program: ROW_BLOCKS x (samples x group, padded to a power of two)
+
+
+def sample_offsets(layout: BlockLayout, samples: int) -> torch.Tensor:
+    """Offset of each sampled query inside its row block, [R, samples] int32: the last query first,
+    then evenly back to the first (repeats when a row block holds fewer queries than samples)."""
+    length = layout.row_q_len.long()[:, None]
+    s = torch.arange(samples, device=length.device)[None, :]
+    back = (s * (length - 1)) // max(samples - 1, 1)
+    return (length - 1 - back).to(torch.int32)
+
+
+def row_tiles(layout: BlockLayout, row_blocks: int) -> torch.Tensor:
+    """First row of every tile of up to `row_blocks` consecutive rows of one request, [T] int32."""
+    req = layout.row_req.long()
+    rows = torch.arange(req.numel(), device=req.device)
+    first = torch.ones_like(req, dtype=torch.bool)
+    first[1:] = req[1:] != req[:-1]
+    req_first_row = torch.cummax(torch.where(first, rows, 0), 0).values
+    starts = ((rows - req_first_row) % row_blocks) == 0
+    return rows[starts].to(torch.int32)
+
+
+@triton.jit
+def _tile_scores(q, k_ptr, locs_ptr, tok_start, live, cols, head, num_kv_heads, HEAD_DIM: tl.constexpr):
+    slots = tl.load(locs_ptr + tok_start + cols, mask=live, other=0)
+    dims = tl.arange(0, HEAD_DIM)
+    k = tl.load(
+        k_ptr + (slots[:, None] * num_kv_heads + head) * HEAD_DIM + dims[None, :],
+        mask=live[:, None],
+        other=0.0,
+    )
+    return tl.dot(q, tl.trans(k.to(q.dtype)))
+
+
+@triton.jit
+def _block_mass_kernel(
+    q_ptr,
+    k_ptr,
+    locs_ptr,
+    tile_ptr,
+    row_req_ptr,
+    row_block_ptr,
+    row_q_start_ptr,
+    row_q_len_ptr,
+    offsets_ptr,
+    key_offset_ptr,
+    key_tok_start_ptr,
+    key_len_ptr,
+    scratch_ptr,
+    out_ptr,
+    num_rows,
+    max_cols,
+    stride_q_row,
+    stride_q_head,
+    num_kv_heads,
+    group,
+    samples,
+    scale_log2,
+    HEAD_DIM: tl.constexpr,
+    SLOTS: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    first = tl.load(tile_ptr + tile)
+    req = tl.load(row_req_ptr + first)
+    i = tl.arange(0, ROW_BLOCKS * SLOTS) // SLOTS  # row block within the tile
+    j = tl.arange(0, ROW_BLOCKS * SLOTS) % SLOTS  # slot: sample j // group of query head j % group
+    row = first + i
+    row_live = row < num_rows
+    row_live = row_live & (tl.load(row_req_ptr + row, mask=row_live, other=-1) == req)
+    live = row_live & (j < samples * group)
+    diag = tl.load(row_block_ptr + row, mask=row_live, other=-1)
+    q_len = tl.load(row_q_len_ptr + row, mask=row_live, other=1)
+    offset = tl.load(offsets_ptr + row * samples + j // group, mask=live, other=0)
+    q_row = (tl.load(row_q_start_ptr + row, mask=row_live, other=0) + offset).to(tl.int64)
+    dims = tl.arange(0, HEAD_DIM)
+    q_head = head * group + j % group
+    q = tl.load(
+        q_ptr + q_row[:, None] * stride_q_row + q_head[:, None] * stride_q_head + dims[None, :],
+        mask=live[:, None],
+        other=0.0,
+    )
+    key_offset = tl.load(key_offset_ptr + req)
+    diag_len = tl.load(key_len_ptr + key_offset + diag, mask=row_live, other=0)
+    q_pos = diag_len - q_len + offset  # position of the sampled query inside its diagonal block
+    last_col = tl.max(tl.where(row_live, diag, 0), axis=0)
+    cols = tl.arange(0, BLOCK)
+    scratch_row = ((head * num_rows + row).to(tl.int64) * SLOTS + j) * max_cols
+    run_max = tl.full([ROW_BLOCKS * SLOTS], _FLOOR, dtype=tl.float32)
+    run_sum = tl.zeros([ROW_BLOCKS * SLOTS], dtype=tl.float32)
+    for c in range(0, last_col + 1):
+        kb = key_offset + c
+        key_live = cols < tl.load(key_len_ptr + kb)
+        s = _tile_scores(
+            q, k_ptr, locs_ptr, tl.load(key_tok_start_ptr + kb), key_live, cols, head, num_kv_heads, HEAD_DIM
+        ) * scale_log2  # fmt: skip
+        visible = (c < diag)[:, None] | ((c == diag)[:, None] & (cols[None, :] <= q_pos[:, None]))
+        visible = visible & key_live[None, :] & live[:, None]
+        s = tl.where(visible, s, _FLOOR)
+        block_max = tl.max(s, axis=1)
+        block_sum = tl.sum(tl.where(visible, tl.exp2(s - block_max[:, None]), 0.0), axis=1)
+        block_lse = tl.where(block_sum > 0, block_max + tl.log2(tl.maximum(block_sum, 1e-30)), _FLOOR)
+        tl.store(scratch_ptr + scratch_row + c, block_lse, mask=live)
+        new_max = tl.maximum(run_max, block_max)
+        run_sum = run_sum * tl.exp2(run_max - new_max) + block_sum * tl.exp2(block_max - new_max)
+        run_max = new_max
+    row_lse = run_max + tl.log2(tl.maximum(run_sum, 1e-30))
+    weight = tl.where(live, 1.0 / (samples * group), 0.0)
+    blocks = tl.arange(0, ROW_BLOCKS)
+    out_rows = first + blocks
+    out_live = (out_rows < num_rows) & (
+        tl.load(row_req_ptr + out_rows, mask=out_rows < num_rows, other=-1) == req
+    )
+    out_base = (head * num_rows + out_rows).to(tl.int64) * max_cols
+    for c in range(0, last_col + 1):
+        block_lse = tl.load(scratch_ptr + scratch_row + c, mask=live, other=_FLOOR)
+        w = tl.exp2(block_lse - row_lse) * weight
+        mass = tl.sum(tl.reshape(w, [ROW_BLOCKS, SLOTS]), axis=1)
+        tl.store(out_ptr + out_base + c, mass, mask=out_live)
+
+
+def block_mass_triton(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    locs: torch.Tensor,
+    layout: BlockLayout,
+    samples: int,
+    sm_scale: float,
+) -> torch.Tensor:
+    num_rows = layout.num_rows
+    num_qo_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_buffer.shape[1]
+    group = num_qo_heads // num_kv_heads
+    slots = max(1, triton.next_power_of_2(samples * group))
+    row_blocks = max(1, _TILE_ROWS // slots)
+    if slots * row_blocks < 16:
+        row_blocks = 16 // slots
+    out = torch.zeros(num_kv_heads, num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device)
+    if num_rows == 0:
+        return out
+    assert k_buffer.is_contiguous() and q.stride(-1) == 1 and layout.block_size <= 256
+    scratch = torch.empty(
+        num_kv_heads * num_rows * slots * layout.max_key_blocks, dtype=torch.float32, device=q.device
+    )
+    tiles = row_tiles(layout, row_blocks)
+    _block_mass_kernel[(tiles.numel(), num_kv_heads)](
+        q,
+        k_buffer,
+        locs.long().contiguous(),
+        tiles,
+        layout.row_req,
+        layout.row_block,
+        layout.row_q_start,
+        layout.row_q_len,
+        sample_offsets(layout, samples).contiguous(),
+        layout.req_key_offset,
+        layout.key_tok_start,
+        layout.key_len,
+        scratch,
+        out,
+        num_rows,
+        layout.max_key_blocks,
+        q.stride(0),
+        q.stride(1),
+        num_kv_heads,
+        group,
+        samples,
+        sm_scale * _LOG2E,
+        HEAD_DIM=head_dim,
+        SLOTS=slots,
+        ROW_BLOCKS=row_blocks,
+        BLOCK=layout.block_size,
+        num_warps=8 if row_blocks * slots >= 128 else 4,
+    )
+    return out
+
+
+def block_mass_reference(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    locs: torch.Tensor,
+    layout: BlockLayout,
+    samples: int,
+    sm_scale: float,
+) -> torch.Tensor:
+    """The same mass with dense torch softmax, one request at a time (float32)."""
+    num_kv_heads = k_buffer.shape[1]
+    group = q.shape[1] // num_kv_heads
+    bsz = layout.block_size
+    out = torch.zeros(
+        num_kv_heads, layout.num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device
+    )
+    offsets = sample_offsets(layout, samples).long()
+    for b in range(layout.req_ctx_len.numel()):
+        rows = (layout.row_req == b).nonzero().flatten()
+        ctx_len = int(layout.req_ctx_len[b])
+        start = int(layout.req_ctx_offset[b])
+        keys = k_buffer[locs[start : start + ctx_len].long()].float()  # [Lctx, Hkv, D]
+        keys = keys.repeat_interleave(group, 1).transpose(0, 1)  # [Hq, Lctx, D]
+        q_rows = (layout.row_q_start.long()[rows, None] + offsets[rows]).flatten()
+        last = torch.clamp((layout.row_block.long()[rows] + 1) * bsz, max=ctx_len) - 1
+        pos = (last[:, None] - (layout.row_q_len.long()[rows, None] - 1 - offsets[rows])).flatten()
+        s = torch.einsum("nhd,hkd->hnk", q[q_rows].float(), keys) * sm_scale
+        s = s.masked_fill(
+            torch.arange(ctx_len, device=q.device)[None, None, :] > pos[None, :, None], float("-inf")
+        )
+        p = s.softmax(-1)
+        num_cols = (ctx_len - 1) // bsz + 1
+        p = (
+            torch.nn.functional.pad(p, (0, num_cols * bsz - ctx_len))
+            .view(*p.shape[:2], num_cols, bsz)
+            .sum(-1)
+        )
+        p = p.view(num_kv_heads, group, rows.numel(), samples, num_cols).mean((1, 3))
+        out[:, rows, :num_cols] = p
+    return out
+
+
+def block_mass(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    locs: torch.Tensor,
+    layout: BlockLayout,
+    samples: int,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Estimated attention mass per (KV head, row block, key block), [Hkv, R, max_key_blocks] float32."""
+    impl = block_mass_triton if triton_enabled(q) else block_mass_reference
+    return impl(q, k_buffer, locs, layout, samples, sm_scale)

@@ -1,0 +1,97 @@
+"""Sampled-row block mass: Triton kernel vs the dense torch reference, coverage selection, needles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_prefill_ext.ops.layout import BlockLayout
+from sglang_prefill_ext.ops.sampled import (
+    block_mass_reference,
+    block_mass_triton,
+    row_tiles,
+    sample_offsets,
+)
+from sglang_prefill_ext.ops.scoring import select_by_mass, structural_blocks
+from sglang_prefill_ext.ops.settings import SparseSettings
+
+BLOCK = 16
+
+
+def _batch(heads: tuple[int, int], head_dim: int, prefix: list[int], extend: list[int], seed: int = 0):
+    """A layout, queries of its new tokens and a shuffled KV pool holding every context position."""
+    gen = torch.Generator().manual_seed(seed)
+    layout = BlockLayout.build(prefix, extend, BLOCK)
+    q = torch.randn(layout.num_tokens, heads[0], head_dim, generator=gen)
+    total = layout.num_context_tokens
+    k_buffer = torch.randn(total + 7, heads[1], head_dim, generator=gen)
+    locs = torch.randperm(total + 7, generator=gen)[:total]
+    return layout, q, k_buffer, locs
+
+
+@pytest.mark.parametrize(("heads", "head_dim"), [((8, 2), 32), ((9, 3), 64), ((4, 4), 16)])
+@pytest.mark.parametrize("samples", [1, 3])
+def test_triton_mass_matches_reference(heads: tuple[int, int], head_dim: int, samples: int) -> None:
+    layout, q, k_buffer, locs = _batch(heads, head_dim, [0, 37, 200, 5], [90, 29, 40, 3])
+    got = block_mass_triton(q, k_buffer, locs, layout, samples, head_dim**-0.5)
+    want = block_mass_reference(q, k_buffer, locs, layout, samples, head_dim**-0.5)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_mass_rows_sum_to_one_and_vanish_after_the_diagonal() -> None:
+    layout, q, k_buffer, locs = _batch((4, 2), 16, [50, 0], [60, 130])
+    mass = block_mass_reference(q, k_buffer, locs, layout, 2, 0.25)
+    torch.testing.assert_close(mass.sum(-1), torch.ones(2, layout.num_rows))
+    after = torch.arange(layout.max_key_blocks)[None, :] > layout.row_block.long()[:, None]
+    assert float(mass[:, after].abs().max()) == 0.0
+
+
+def test_samples_start_at_the_last_query_and_stay_inside_short_rows() -> None:
+    layout = BlockLayout.build([10], [40], BLOCK)  # row lengths 6, 16, 16, 2
+    assert sample_offsets(layout, 3).tolist() == [[5, 3, 0], [15, 8, 0], [15, 8, 0], [1, 1, 0]]
+    assert sample_offsets(layout, 1).tolist() == [[5], [15], [15], [1]]
+
+
+def test_tiles_never_span_two_requests() -> None:
+    layout = BlockLayout.build([0, 0, 0], [16 * 5, 16 * 2, 16 * 3], BLOCK)  # rows 0-4, 5-6, 7-9
+    assert row_tiles(layout, 2).tolist() == [0, 2, 4, 5, 7, 9]
+
+
+def test_coverage_keeps_the_fewest_largest_blocks() -> None:
+    layout = BlockLayout.build([0], [16 * 6], BLOCK)
+    settings = SparseSettings(block_size=BLOCK, mass=0.8, sink_blocks=0, local_blocks=0, last_blocks=0)
+    mass = torch.zeros(1, layout.num_rows, 6)
+    mass[0, 5] = torch.tensor([0.05, 0.5, 0.1, 0.25, 0.05, 0.05])
+    keep = select_by_mass(mass, layout, settings)
+    # 0.5 + 0.25 fall short of 0.8, the 0.1 reaches it; block 5 is the diagonal
+    assert keep[0, 5].nonzero().flatten().tolist() == [1, 2, 3, 5]
+    settings_all = SparseSettings(block_size=BLOCK, mass=1.0, sink_blocks=0, local_blocks=0, last_blocks=0)
+    assert int(select_by_mass(mass, layout, settings_all)[0, 5].sum()) == 6
+
+
+def test_structural_blocks_survive_zero_mass_and_nothing_acausal_is_kept() -> None:
+    layout, q, k_buffer, locs = _batch((4, 2), 16, [16 * 3], [16 * 9])
+    settings = SparseSettings(block_size=BLOCK, mass=0.0, sink_blocks=1, local_blocks=2, last_blocks=1)
+    keep = select_by_mass(torch.zeros(2, layout.num_rows, layout.max_key_blocks), layout, settings)
+    assert torch.equal(keep, structural_blocks(layout, settings, keep.device)[None].expand_as(keep))
+    mass = block_mass_reference(q, k_buffer, locs, layout, 2, 0.25)
+    keep = select_by_mass(mass, layout, SparseSettings(block_size=BLOCK, mass=1.0))
+    causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
+    assert not bool((keep & ~causal[None]).any())
+
+
+@pytest.mark.parametrize("impl", [block_mass_triton, block_mass_reference])
+def test_a_needle_read_by_one_query_head_is_kept_for_its_kv_head(impl) -> None:
+    """A single key (not a block) that one query head's rows seek: pooled means dilute it 1/16, the
+    sampled rows see it whole."""
+    layout, q, k_buffer, locs = _batch((8, 2), 32, [16 * 30], [16 * 10], seed=3)
+    needle = torch.randn(32)
+    needle = 6.0 * needle / needle.norm()
+    row, key_block, q_head = 6, 11, 5  # query head 5 belongs to KV head 1
+    start = int(layout.row_q_start[row])
+    q[start : start + BLOCK, q_head] += needle
+    k_buffer[locs[key_block * BLOCK + 9], 1] += needle
+    mass = impl(q, k_buffer, locs, layout, 2, 32**-0.5)
+    keep = select_by_mass(mass, layout, SparseSettings(block_size=BLOCK, mass=0.9, local_blocks=1))
+    assert bool(keep[1, row, key_block])
+    assert float(keep.float().mean()) < 0.9
