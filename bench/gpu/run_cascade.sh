@@ -10,14 +10,11 @@ OUT=${OUT:-$PWD/out-cascade}
 mkdir -p "$OUT"
 t0=$(date +%s)
 
-mkdir -p /tmp/site /tmp/jit
-tar -C /tmp/site -xJf .whl/sglang-site-cp312.tar.xz || exit 2
-tar -C /tmp/jit -xzf .gpu/jit-cache-sglang-0.5.17-sm90.tar.gz || exit 2
-mkdir -p /tmp/site/flashinfer/data/aot && cp -r /tmp/jit/flashinfer-aot/. /tmp/site/flashinfer/data/aot/
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=/tmp/jit/tvm-ffi \
-    TRITON_CACHE_DIR=/tmp/jit/triton FLASHINFER_WORKSPACE_BASE=/tmp/jit/fi
-unset FLASHINFER_DISABLE_JIT
-touch /tmp/jit/.start
+REPO=$PWD PY=python3 JIT_BUILD=1
+# shellcheck source=bench/gpu/stack.sh
+source bench/gpu/stack.sh
+mkdir -p "$JIT/triton"
+touch $JIT/.start
 echo "unpacked in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total,driver_version --format=csv,noheader
 
@@ -29,8 +26,8 @@ timeout 120 python3 bench/cascade_bench.py --json "$OUT/cascade_bench.json" 2>&1
 bench_rc=${PIPESTATUS[0]}
 echo "bench: rc=$bench_rc after $(( $(date +%s) - t0 )) s"
 
-new_jit=$(find /tmp/jit/fi /tmp/jit/tvm-ffi -name '*.so' -newer /tmp/jit/.start 2>/dev/null)
-[ -n "$new_jit" ] && tar -C /tmp/jit -czf "$OUT/new-flashinfer-jit.tgz" $(echo "$new_jit" | sed 's|^/tmp/jit/||')
+new_jit=$(find $JIT/fi $JIT/tvm-ffi -name '*.so' -newer $JIT/.start 2>/dev/null)
+[ -n "$new_jit" ] && tar -C $JIT -czf "$OUT/new-flashinfer-jit.tgz" $(echo "$new_jit" | sed "s|^$JIT/||")
 
 {
     echo "== issue 7 cascade on $(nvidia-smi --query-gpu=name --format=csv,noheader), $(( $(date +%s) - t0 )) s in all"

@@ -16,15 +16,11 @@ MAX_RETURN_BYTES=$((16 << 20))
 mkdir -p "$OUT"
 t0=$(date +%s)
 
-mkdir -p /tmp/site /tmp/jit
-tar -C /tmp/site -xJf .whl/sglang-site-cp312.tar.xz || exit 2
-tar -C /tmp/jit -xzf .gpu/jit-cache-sglang-0.5.17-sm90.tar.gz || exit 2
-if [ -f .gpu/triton-ops-cache.tgz ]; then tar -C /tmp/jit -xzf .gpu/triton-ops-cache.tgz || exit 2; fi
-mkdir -p /tmp/site/flashinfer/data/aot /tmp/jit/triton && cp -r /tmp/jit/flashinfer-aot/. /tmp/site/flashinfer/data/aot/
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-    TVM_FFI_CACHE_DIR=/tmp/jit/tvm-ffi TRITON_CACHE_DIR=/tmp/jit/triton FLASHINFER_WORKSPACE_BASE=/tmp/jit/fi
-unset FLASHINFER_DISABLE_JIT  # a module missing from the cache gets built (and packed below)
-touch /tmp/jit/.start
+REPO=$PWD PY=python3 JIT_BUILD=1
+# shellcheck source=bench/gpu/stack.sh
+source bench/gpu/stack.sh
+mkdir -p "$JIT/triton"
+touch $JIT/.start
 echo "unpacked in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total,driver_version --format=csv,noheader
 
@@ -37,15 +33,15 @@ timeout ${BENCH_TIMEOUT:-300} python3 bench/ops_bench.py --lens $LENS --json "$O
 bench_rc=${PIPESTATUS[0]}
 echo "bench: rc=$bench_rc after $(( $(date +%s) - t0 )) s"
 
-new_jit=$(find /tmp/jit/fi /tmp/jit/tvm-ffi -name '*.so' -newer /tmp/jit/.start 2>/dev/null)
+new_jit=$(find $JIT/fi $JIT/tvm-ffi -name '*.so' -newer $JIT/.start 2>/dev/null)
 if [ -n "$new_jit" ]; then
-    echo "$new_jit" | sed 's|^/tmp/jit/||' | tar -C /tmp/jit -czf "$OUT/new-flashinfer-jit.tgz" -T -
+    echo "$new_jit" | sed "s|^$JIT/||" | tar -C $JIT -czf "$OUT/new-flashinfer-jit.tgz" -T -
 fi
 # Triton keeps one folder per compiled kernel variant; pack the folders this run created.
-new_triton=$(find /tmp/jit/triton -mindepth 1 -maxdepth 1 -type d -newer /tmp/jit/.start | sed 's|^/tmp/jit/||')
+new_triton=$(find $JIT/triton -mindepth 1 -maxdepth 1 -type d -newer $JIT/.start | sed "s|^$JIT/||")
 triton_note="no new Triton kernels (all came from the cache)"
 if [ -n "$new_triton" ]; then
-    echo "$new_triton" | tar -C /tmp/jit -czf "$OUT/triton-ops-cache.tgz" -T -
+    echo "$new_triton" | tar -C $JIT -czf "$OUT/triton-ops-cache.tgz" -T -
     size=$(stat -c %s "$OUT/triton-ops-cache.tgz")
     triton_note="$(echo "$new_triton" | wc -l) new Triton kernel folders, triton-ops-cache.tgz $((size >> 10)) KiB"
     if [ "$size" -gt "$MAX_RETURN_BYTES" ]; then
