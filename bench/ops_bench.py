@@ -45,7 +45,7 @@ from sglang_prefill_ext.ops.plan import PlanIndices, build_plan_indices
 HQ, HKV, D, BLOCK = 32, 8, 128, 128
 TOPICS, TOPIC_AMPLITUDE, NEEDLES, NEEDLE_AMPLITUDE, TOKEN_NEEDLE_AMPLITUDE = 128, 10.0, 16, 12.0, 16.0
 SPARSE_LAYERS = 30  # a 32-layer model with --prefill-ext-sparse-dense-layers 2
-SCORERS = ("sampled", "pooled")
+SCORERS = ("hybrid", "sampled", "pooled")
 DEV = "cuda"
 
 
@@ -86,7 +86,7 @@ def plan_flops(indices: PlanIndices) -> float:
 
 def structured_qkv(
     length: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int, int, str]]]:
     """Q/K with block topics (each query head seeks one topic seen earlier) and planted needles: a
     query block of one head seeks a whole earlier key block, or (every other needle) one key token."""
     gen = torch.Generator(device=DEV).manual_seed(seed)
@@ -113,7 +113,7 @@ def structured_qkv(
         q[qb * BLOCK : (qb + 1) * BLOCK, qh] += u
         keys = slice(kb * BLOCK + 37, kb * BLOCK + 38) if token else slice(kb * BLOCK, (kb + 1) * BLOCK)
         k[keys, qh // (HQ // HKV)] += u
-        needles.append((qh // (HQ // HKV), qb, kb))
+        needles.append((qh // (HQ // HKV), qb, kb, "token" if token else "block"))
     v = torch.randn(length, HKV, D, device=DEV, generator=gen)
     return q.bfloat16(), k.bfloat16(), v.bfloat16(), needles
 
@@ -208,7 +208,8 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
                 attn_ms=attn_ms,
                 shared_ms=attn_ms + (select_ms + plan_ms) / SPARSE_LAYERS,
                 density=float(mask.sum()) / causal_blocks,
-                recall=sum(bool(mask[n]) for n in needles) / len(needles),
+                recall=sum(bool(mask[n[:3]]) for n in needles) / len(needles),
+                missed=[n for n in needles if not bool(mask[n[:3]])],
                 rel_err=float((out.float() - dense_out.float()).norm() / dense_out.float().norm()),
                 tflops=plan_flops(indices) / attn_ms / 1e9,
                 per_layer_overhead=(select_ms + plan_ms) / attn_ms,
@@ -267,7 +268,7 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
     ]
     locs = torch.arange(total, device=DEV)
     summaries = KeySummaryCache(total, 1, HKV, D, BLOCK, DEV)
-    for scorer, use in (("sampled", False), ("pooled", False), ("pooled", True)):
+    for scorer, use in (("hybrid", True), ("sampled", False), ("pooled", False), ("pooled", True)):
         sparse = SparsePrefill(
             SparseSettings(scorer=scorer), BlockSparsePrefill(workspace), summaries if use else None
         )
@@ -286,6 +287,7 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
             dict(
                 L=total,
                 path=f"chunk{chunk // 1024}K_{scorer}" + ("_summaries" if use else ""),
+                backend=sparse.attention.backend,
                 ms=select_ms + plan_ms + attn_ms,
                 select_ms=select_ms,
                 plan_ms=plan_ms,

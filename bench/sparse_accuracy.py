@@ -106,11 +106,20 @@ def compare_logits(dense: torch.Tensor, sparse: torch.Tensor, density: float) ->
     )
 
 
-def parse_config(text: str) -> tuple[str, float]:
+def parse_config(text: str) -> tuple[str, str]:
     scorer, _, value = text.partition(":")
-    if scorer not in ("sampled", "pooled") or not value:
-        raise argparse.ArgumentTypeError(f"expected sampled:MASS or pooled:THRESHOLD, got {text!r}")
-    return scorer, float(value)
+    if scorer not in ("sampled", "pooled", "hybrid") or not value:
+        raise argparse.ArgumentTypeError(
+            f"expected sampled:MASS, pooled:THRESHOLD or hybrid:THRESHOLD,MASS, got {text!r}"
+        )
+    return scorer, value
+
+
+def knobs(scorer: str, value: str) -> dict[str, float]:
+    if scorer == "hybrid":
+        threshold, mass = value.split(",")
+        return dict(threshold=float(threshold), mass=float(mass))
+    return {"mass" if scorer == "sampled" else "threshold": float(value)}
 
 
 def main() -> None:
@@ -119,8 +128,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument(
-        "--configs", type=parse_config, nargs="+", default=[("sampled", SparseSettings.mass)],
-        help="scorer:value pairs, sampled:MASS (coverage) or pooled:THRESHOLD",
+        "--configs", type=parse_config, nargs="+",
+        default=[(SparseSettings.scorer, f"{SparseSettings.threshold},{SparseSettings.mass}")],
+        help="scorer:value pairs: sampled:MASS (coverage), pooled:THRESHOLD or hybrid:THRESHOLD,MASS",
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
     parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)
@@ -152,16 +162,19 @@ def main() -> None:
     workspace = None if emulate else torch.empty(128 << 20, dtype=torch.uint8, device=a.device)
     attentions = {}
     for scorer, value in a.configs:
-        knob = dict(mass=value) if scorer == "sampled" else dict(threshold=value)
         settings = SparseSettings(
-            block_size=a.block_size, scorer=scorer, samples=a.samples, local_blocks=a.local_blocks, **knob
+            block_size=a.block_size,
+            scorer=scorer,
+            samples=a.samples,
+            local_blocks=a.local_blocks,
+            **knobs(scorer, value),
         )
         sparse = SparsePrefill(settings, None if emulate else BlockSparsePrefill(workspace))
         attentions[scorer, value] = SparseAttention(
             sparse, a.dense_layers, a.block_size, not a.shared, emulate
         )
     ids = corpus_ids(tokenizer, a.prompts * a.length)
-    per_config: dict[tuple[str, float], list[dict[str, float]]] = {c: [] for c in attentions}
+    per_config: dict[tuple[str, str], list[dict[str, float]]] = {c: [] for c in attentions}
     for i in range(a.prompts):
         tokens = torch.tensor([ids[i * a.length : (i + 1) * a.length]], device=a.device)
         with torch.no_grad():
@@ -178,7 +191,7 @@ def main() -> None:
         summary["kl_max"] = max(r["kl_max"] for r in rows)
         summaries.append(dict(scorer=scorer, value=value, **summary))
         print(
-            f"{scorer} {value:g}: top-1 agreement {summary['top1']:.4f} (past {TAIL_FROM}: "
+            f"{scorer} {value}: top-1 agreement {summary['top1']:.4f} (past {TAIL_FROM}: "
             f"{summary['top1_tail']:.4f}), mean KL {summary['kl']:.3g} (past {TAIL_FROM}: "
             f"{summary['kl_tail']:.3g}), max KL {summary['kl_max']:.3g}, density {summary['density']:.3f}",
             flush=True,
@@ -189,7 +202,7 @@ def main() -> None:
         selection="shared (first sparse layer)" if a.shared else "per layer", configs=summaries,
         device=(torch.cuda.get_device_name() if a.device == "cuda" else "cpu")
         + (" (fp32, emulated sparse attention)" if emulate else " (bf16, FlashInfer block-sparse)"),
-        per_prompt={f"{sc}:{v:g}": rows for (sc, v), rows in per_config.items()},
+        per_prompt={f"{sc}:{v}": rows for (sc, v), rows in per_config.items()},
     )  # fmt: skip
     if a.json:
         a.json.write_text(json.dumps(info, indent=1))

@@ -19,7 +19,7 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "cost")
 DEFAULT_EVICTION = "cost"
 SGLANG_DEFAULT_EVICTION = "lru"  # --radix-eviction-policy's default
 SCHEDULES = ("auto", "lpm-aging", "stock")
-SCORERS = ("sampled", "pooled")  # ops.settings.SCORERS (the ops layer validates them again)
+SCORERS = ("hybrid", "sampled", "pooled")  # ops.settings.SCORERS (the ops layer validates them again)
 
 
 def _option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -41,10 +41,11 @@ class PrefillExtConfig:
         "Block-sparse attention for long extend batches (FlashInfer); decode and short prompts stay dense.",
     )
     sparse_scorer: str = _option(
-        "sampled",
-        "How key blocks are chosen: 'sampled' (a few exact query rows per query block and head attend over "
-        "all keys; a block is kept while the row's kept mass is below --prefill-ext-sparse-mass) or 'pooled' "
-        "(mean query . mean key per block pair against --prefill-ext-sparse-threshold; cheaper, less exact).",
+        "hybrid",
+        "How key blocks are chosen: 'pooled' (mean query . mean key per block pair against "
+        "--prefill-ext-sparse-threshold), 'sampled' (a few exact query rows per query block and head attend "
+        "over all keys; blocks are kept, largest first, until they hold --prefill-ext-sparse-mass of the "
+        "row's attention: finds single-token needles a block mean dilutes) or 'hybrid' (either keeps it).",
         SCORERS,
     )
     sparse_mass: float = _option(

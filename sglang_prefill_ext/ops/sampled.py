@@ -8,10 +8,10 @@ the samples: mass[h, r, c] in [0, 1], each row summing to 1. Pooled means (scori
 spiky key away; exact rows of real queries do not, and cost samples x group / block_size of dense
 QK^T (no PV). Keys are read from the KV pool through `locs`, so a cached prefix costs no extra pass.
 
-The kernel takes up to `ROW_BLOCKS` consecutive rows of one request per program, so each key tile
-read from the pool serves all of them. First pass: per sampled row and key block the block's
-log-sum-exp (kept in a scratch buffer) and the row's running one; second pass: normalised weights,
-averaged per row block.
+The kernel takes up to `ROW_BLOCKS` consecutive rows of one request and `CHUNK_COLS` key blocks
+per program, so each key tile read from the pool serves all those rows and long rows spread over
+many programs; it writes every sampled row's log-sum-exp per key block. Normalising over the key
+blocks and averaging over the samples and heads is then a few torch ops.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ import triton.language as tl
 from .dispatch import triton_enabled
 from .layout import BlockLayout
 
-_FLOOR = -1.0e30
+_FLOOR = tl.constexpr(-1.0e30)
+_LN2 = tl.constexpr(0.6931471805599453)
 _LOG2E = 1.4426950408889634
 _TILE_ROWS = 128  # sampled rows per program: ROW_BLOCKS x (samples x group, padded to a power of two)
+_CHUNK_COLS = 32  # key blocks per program: the grid's third axis splits long rows
 
 
 def sample_offsets(layout: BlockLayout, samples: int) -> torch.Tensor:
@@ -61,7 +63,7 @@ def _tile_scores(q, k_ptr, locs_ptr, tok_start, live, cols, head, num_kv_heads, 
 
 
 @triton.jit
-def _block_mass_kernel(
+def _block_lse_kernel(
     q_ptr,
     k_ptr,
     locs_ptr,
@@ -74,8 +76,7 @@ def _block_mass_kernel(
     key_offset_ptr,
     key_tok_start_ptr,
     key_len_ptr,
-    scratch_ptr,
-    out_ptr,
+    lse_ptr,
     num_rows,
     max_cols,
     stride_q_row,
@@ -88,6 +89,7 @@ def _block_mass_kernel(
     SLOTS: tl.constexpr,
     ROW_BLOCKS: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHUNK_COLS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -113,12 +115,10 @@ def _block_mass_kernel(
     key_offset = tl.load(key_offset_ptr + req)
     diag_len = tl.load(key_len_ptr + key_offset + diag, mask=row_live, other=0)
     q_pos = diag_len - q_len + offset  # position of the sampled query inside its diagonal block
-    last_col = tl.max(tl.where(row_live, diag, 0), axis=0)
     cols = tl.arange(0, BLOCK)
-    scratch_row = ((head * num_rows + row).to(tl.int64) * SLOTS + j) * max_cols
-    run_max = tl.full([ROW_BLOCKS * SLOTS], _FLOOR, dtype=tl.float32)
-    run_sum = tl.zeros([ROW_BLOCKS * SLOTS], dtype=tl.float32)
-    for c in range(0, last_col + 1):
+    lse_row = ((head * num_rows + row).to(tl.int64) * SLOTS + j) * max_cols
+    c_end = tl.minimum(tl.max(tl.where(row_live, diag, 0), axis=0) + 1, (tl.program_id(2) + 1) * CHUNK_COLS)
+    for c in range(tl.program_id(2) * CHUNK_COLS, c_end):
         kb = key_offset + c
         key_live = cols < tl.load(key_len_ptr + kb)
         s = _tile_scores(
@@ -129,24 +129,8 @@ def _block_mass_kernel(
         s = tl.where(visible, s, _FLOOR)
         block_max = tl.max(s, axis=1)
         block_sum = tl.sum(tl.where(visible, tl.exp2(s - block_max[:, None]), 0.0), axis=1)
-        block_lse = tl.where(block_sum > 0, block_max + tl.log2(tl.maximum(block_sum, 1e-30)), _FLOOR)
-        tl.store(scratch_ptr + scratch_row + c, block_lse, mask=live)
-        new_max = tl.maximum(run_max, block_max)
-        run_sum = run_sum * tl.exp2(run_max - new_max) + block_sum * tl.exp2(block_max - new_max)
-        run_max = new_max
-    row_lse = run_max + tl.log2(tl.maximum(run_sum, 1e-30))
-    weight = tl.where(live, 1.0 / (samples * group), 0.0)
-    blocks = tl.arange(0, ROW_BLOCKS)
-    out_rows = first + blocks
-    out_live = (out_rows < num_rows) & (
-        tl.load(row_req_ptr + out_rows, mask=out_rows < num_rows, other=-1) == req
-    )
-    out_base = (head * num_rows + out_rows).to(tl.int64) * max_cols
-    for c in range(0, last_col + 1):
-        block_lse = tl.load(scratch_ptr + scratch_row + c, mask=live, other=_FLOOR)
-        w = tl.exp2(block_lse - row_lse) * weight
-        mass = tl.sum(tl.reshape(w, [ROW_BLOCKS, SLOTS]), axis=1)
-        tl.store(out_ptr + out_base + c, mass, mask=out_live)
+        block_lse = (block_max + tl.log2(tl.maximum(block_sum, 1e-30))) * _LN2
+        tl.store(lse_ptr + lse_row + c, tl.where(block_sum > 0, block_lse, _FLOOR), mask=live)
 
 
 def block_mass_triton(
@@ -157,23 +141,20 @@ def block_mass_triton(
     samples: int,
     sm_scale: float,
 ) -> torch.Tensor:
-    num_rows = layout.num_rows
+    num_rows, num_cols = layout.num_rows, layout.max_key_blocks
     num_qo_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_buffer.shape[1]
     group = num_qo_heads // num_kv_heads
-    slots = max(1, triton.next_power_of_2(samples * group))
-    row_blocks = max(1, _TILE_ROWS // slots)
-    if slots * row_blocks < 16:
-        row_blocks = 16 // slots
-    out = torch.zeros(num_kv_heads, num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device)
+    slots = triton.next_power_of_2(samples * group)
+    row_blocks = max(_TILE_ROWS // slots, 16 // slots, 1)
     if num_rows == 0:
-        return out
+        return torch.zeros(num_kv_heads, 0, num_cols, dtype=torch.float32, device=q.device)
     assert k_buffer.is_contiguous() and q.stride(-1) == 1 and layout.block_size <= 256
-    scratch = torch.empty(
-        num_kv_heads * num_rows * slots * layout.max_key_blocks, dtype=torch.float32, device=q.device
+    lse = torch.full(
+        (num_kv_heads, num_rows, slots, num_cols), _FLOOR.value, dtype=torch.float32, device=q.device
     )
     tiles = row_tiles(layout, row_blocks)
-    _block_mass_kernel[(tiles.numel(), num_kv_heads)](
+    _block_lse_kernel[(tiles.numel(), num_kv_heads, triton.cdiv(num_cols, _CHUNK_COLS))](
         q,
         k_buffer,
         locs.long().contiguous(),
@@ -186,10 +167,9 @@ def block_mass_triton(
         layout.req_key_offset,
         layout.key_tok_start,
         layout.key_len,
-        scratch,
-        out,
+        lse,
         num_rows,
-        layout.max_key_blocks,
+        num_cols,
         q.stride(0),
         q.stride(1),
         num_kv_heads,
@@ -200,9 +180,11 @@ def block_mass_triton(
         SLOTS=slots,
         ROW_BLOCKS=row_blocks,
         BLOCK=layout.block_size,
+        CHUNK_COLS=_CHUNK_COLS,
         num_warps=8 if row_blocks * slots >= 128 else 4,
     )
-    return out
+    lse = lse[:, :, : samples * group]
+    return torch.exp(lse - lse.logsumexp(-1, keepdim=True)).mean(2)
 
 
 def block_mass_reference(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-SCORERS = ("sampled", "pooled")
+SCORERS = ("hybrid", "sampled", "pooled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,11 +18,11 @@ class SparseSettings:
     scorer picks it. Scorer "sampled": the block is among the fewest, largest blocks holding `mass` of
     the row's attention as estimated from `samples` exact query rows per block and head (sampled.py).
     Scorer "pooled": its pooled score reaches `threshold` x the row's best for some query head of the
-    KV head's group.
+    KV head's group. Scorer "hybrid": either rule keeps it.
     """
 
     block_size: int = 128
-    scorer: str = "sampled"
+    scorer: str = "hybrid"
     mass: float = 0.95
     samples: int = 2
     threshold: float = 0.05

@@ -54,9 +54,20 @@ class SparsePrefill:
     ) -> torch.Tensor:
         """Kept blocks [Hkv, R, C] from this layer's queries [N, Hq, D] and KV pool keys."""
         layout = self.layout
-        if self.settings.scorer == "sampled":
+        scorer = self.settings.scorer
+        by_mass = None
+        if scorer in ("sampled", "hybrid"):
             mass = block_mass(q, k_buffer, self._locs, layout, self.settings.samples, sm_scale)
-            return select_by_mass(mass, layout, self.settings)
+            by_mass = select_by_mass(mass, layout, self.settings)
+            if scorer == "sampled":
+                return by_mass
+        by_pool = self._select_pooled(q, k_buffer, sm_scale, summary_layer)
+        return by_pool if by_mass is None else by_pool | by_mass
+
+    def _select_pooled(
+        self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float, summary_layer: int | None
+    ) -> torch.Tensor:
+        layout = self.layout
         slots = cache = None
         use_summaries = self.summaries is not None and summary_layer is not None
         if use_summaries:

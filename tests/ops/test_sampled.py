@@ -95,3 +95,16 @@ def test_a_needle_read_by_one_query_head_is_kept_for_its_kv_head(impl) -> None:
     keep = select_by_mass(mass, layout, SparseSettings(block_size=BLOCK, mass=0.9, local_blocks=1))
     assert bool(keep[1, row, key_block])
     assert float(keep.float().mean()) < 0.9
+
+
+def test_hybrid_keeps_the_union_of_both_scorers() -> None:
+    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+
+    layout, q, k_buffer, locs = _batch((4, 2), 16, [16 * 2], [16 * 12], seed=5)
+    masks = {}
+    for scorer in ("hybrid", "sampled", "pooled"):
+        sparse = SparsePrefill(SparseSettings(block_size=BLOCK, scorer=scorer, mass=0.5, threshold=0.5), None)
+        sparse.begin(layout, locs)
+        masks[scorer] = sparse.select(q, k_buffer, 0.25, None)
+    assert torch.equal(masks["hybrid"], masks["sampled"] | masks["pooled"])
+    assert not torch.equal(masks["sampled"], masks["pooled"])

@@ -48,6 +48,7 @@ SCENARIOS = {
 
 
 KEEP_ALL = {
+    "hybrid": SparseSettings(scorer="hybrid", threshold=0.0, mass=1.0),
     "pooled": SparseSettings(scorer="pooled", threshold=0.0),
     "sampled": SparseSettings(scorer="sampled", mass=1.0),
 }
@@ -111,12 +112,12 @@ def _plant_needles(q: torch.Tensor, pool, num: int, seed: int) -> list[tuple[int
 
 
 @pytest.mark.parametrize(("heads", "head_dim"), [((32, 8), 128), ((28, 4), 64)])
-@pytest.mark.parametrize("scorer", ["sampled", "pooled"])
+@pytest.mark.parametrize("scorer", ["hybrid", "sampled", "pooled"])
 def test_planted_needles_are_always_selected_at_default_settings(
     heads: tuple[int, int], head_dim: int, scorer: str
 ) -> None:
-    """Every needle with the default (sampled) scorer; the pooled scorer only promises whole-block ones
-    (a single key token is diluted 1/128 in its block's mean)."""
+    """Every needle with the default (hybrid) and the sampled scorer; the pooled scorer only promises
+    whole-block ones (a single key token is diluted 1/128 in its block's mean)."""
     total = 16384
     pool = make_pool([total], 1, heads[1], head_dim, device=DEVICE)
     q = torch.randn(total, heads[0], head_dim, device=DEVICE).bfloat16()
@@ -125,7 +126,7 @@ def test_planted_needles_are_always_selected_at_default_settings(
     layout = BlockLayout.build([0], [total], 128, DEVICE)
     sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
     mask = sparse.select(q, pool.k, head_dim**-0.5, summary_layer=None)
-    promised = [n for n in needles if scorer == "sampled" or not n[3]]
+    promised = [n for n in needles if scorer != "pooled" or not n[3]]
     missed = [n for n in promised if not bool(mask[n[:3]])]
     assert not missed, f"needles not selected: {missed}"
 

@@ -90,7 +90,7 @@ class PrefillExtFlashInferBackend(FlashInferAttnBackend):
         pool = self.token_to_kv_pool
         self._first_sparse_layer = pool.start_layer + config.sparse_dense_layers
         summaries = None
-        if config.sparse and config.sparse_summaries and config.sparse_scorer == "pooled":
+        if config.sparse and config.sparse_summaries and config.sparse_scorer != "sampled":
             scoring_layers = (
                 max(1, pool.layer_num - config.sparse_dense_layers) if config.sparse_per_layer else 1
             )
