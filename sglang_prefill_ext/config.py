@@ -57,7 +57,7 @@ class PrefillExtConfig:
         2, "Sampled scorer: query rows sampled per query block (the last, then evenly back to the first)."
     )
     sparse_threshold: float = _option(
-        0.05,
+        0.003,
         "Pooled scorer: keep a key block when its estimated attention weight (from pooled Q/K) is at least "
         "this fraction of the row's best block, for any query head of the KV head's group; 0 keeps every block.",
     )

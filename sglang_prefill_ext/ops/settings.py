@@ -25,7 +25,7 @@ class SparseSettings:
     scorer: str = "hybrid"
     mass: float = 0.95
     samples: int = 2
-    threshold: float = 0.05
+    threshold: float = 0.003
     sink_blocks: int = 1
     local_blocks: int = 4
     last_blocks: int = 1
