@@ -26,8 +26,6 @@ from .layout import BlockLayout
 _FLOOR = tl.constexpr(-1.0e30)
 _LN2 = tl.constexpr(0.6931471805599453)
 _LOG2E = 1.4426950408889634
-_TILE_ROWS = 128  # sampled rows per program: ROW_BLOCKS x (samples x group, padded to a power of two)
-_CHUNK_COLS = 32  # key blocks per program: the grid's third axis splits long rows
 
 
 def sample_offsets(layout: BlockLayout, samples: int) -> torch.Tensor:
@@ -116,7 +114,7 @@ def _block_lse_kernel(
     diag_len = tl.load(key_len_ptr + key_offset + diag, mask=row_live, other=0)
     q_pos = diag_len - q_len + offset  # position of the sampled query inside its diagonal block
     cols = tl.arange(0, BLOCK)
-    lse_row = ((head * num_rows + row).to(tl.int64) * SLOTS + j) * max_cols
+    lse_row = (head * num_rows + row).to(tl.int64) * max_cols * SLOTS + j
     c_end = tl.minimum(tl.max(tl.where(row_live, diag, 0), axis=0) + 1, (tl.program_id(2) + 1) * CHUNK_COLS)
     for c in range(tl.program_id(2) * CHUNK_COLS, c_end):
         kb = key_offset + c
@@ -130,7 +128,7 @@ def _block_lse_kernel(
         block_max = tl.max(s, axis=1)
         block_sum = tl.sum(tl.where(visible, tl.exp2(s - block_max[:, None]), 0.0), axis=1)
         block_lse = (block_max + tl.log2(tl.maximum(block_sum, 1e-30))) * _LN2
-        tl.store(lse_ptr + lse_row + c, tl.where(block_sum > 0, block_lse, _FLOOR), mask=live)
+        tl.store(lse_ptr + lse_row + c * SLOTS, tl.where(block_sum > 0, block_lse, _FLOOR), mask=live)
 
 
 def block_mass_triton(
@@ -140,21 +138,25 @@ def block_mass_triton(
     layout: BlockLayout,
     samples: int,
     sm_scale: float,
+    tile_rows: int = 128,
+    chunk_cols: int = 32,
+    num_warps: int = 8,
 ) -> torch.Tensor:
+    """`tile_rows` sampled rows and `chunk_cols` key blocks per program (launch tuning only)."""
     num_rows, num_cols = layout.num_rows, layout.max_key_blocks
     num_qo_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_buffer.shape[1]
     group = num_qo_heads // num_kv_heads
     slots = triton.next_power_of_2(samples * group)
-    row_blocks = max(_TILE_ROWS // slots, 16 // slots, 1)
+    row_blocks = max(tile_rows // slots, 16 // slots, 1)
     if num_rows == 0:
         return torch.zeros(num_kv_heads, 0, num_cols, dtype=torch.float32, device=q.device)
     assert k_buffer.is_contiguous() and q.stride(-1) == 1 and layout.block_size <= 256
     lse = torch.full(
-        (num_kv_heads, num_rows, slots, num_cols), _FLOOR.value, dtype=torch.float32, device=q.device
+        (num_kv_heads, num_rows, num_cols, slots), _FLOOR.value, dtype=torch.float32, device=q.device
     )
     tiles = row_tiles(layout, row_blocks)
-    _block_lse_kernel[(tiles.numel(), num_kv_heads, triton.cdiv(num_cols, _CHUNK_COLS))](
+    _block_lse_kernel[(tiles.numel(), num_kv_heads, triton.cdiv(num_cols, chunk_cols))](
         q,
         k_buffer,
         locs.long().contiguous(),
@@ -180,11 +182,11 @@ def block_mass_triton(
         SLOTS=slots,
         ROW_BLOCKS=row_blocks,
         BLOCK=layout.block_size,
-        CHUNK_COLS=_CHUNK_COLS,
-        num_warps=8 if row_blocks * slots >= 128 else 4,
+        CHUNK_COLS=chunk_cols,
+        num_warps=num_warps,
     )
-    lse = lse[:, :, : samples * group]
-    return torch.exp(lse - lse.logsumexp(-1, keepdim=True)).mean(2)
+    lse = lse[..., : samples * group]
+    return torch.exp(lse - lse.logsumexp(2, keepdim=True)).mean(3)
 
 
 def block_mass_reference(

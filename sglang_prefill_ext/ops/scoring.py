@@ -87,8 +87,15 @@ def _select_kernel(
 
 
 def select_blocks_triton(
-    qpool: torch.Tensor, kpool: torch.Tensor, layout: BlockLayout, settings: SparseSettings, sm_scale: float
+    qpool: torch.Tensor,
+    kpool: torch.Tensor,
+    layout: BlockLayout,
+    settings: SparseSettings,
+    sm_scale: float,
+    block_cols: int = 64,
+    num_warps: int = 4,
 ) -> torch.Tensor:
+    """`block_cols` key blocks per inner step (launch tuning only)."""
     num_rows, num_qo_heads, head_dim = qpool.shape
     num_kv_heads = kpool.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -115,7 +122,8 @@ def select_blocks_triton(
         settings.last_blocks,
         HEAD_DIM=head_dim,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        BLOCK_C=64,
+        BLOCK_C=block_cols,
+        num_warps=num_warps,
     )
     return out.bool()
 
