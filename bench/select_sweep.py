@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import torch
-from ops_bench import BLOCK, D, DEV, structured_qkv, timed
+from ops_bench import BLOCK, DEV, D, structured_qkv, timed
 
 from sglang_prefill_ext.ops import BlockLayout, SparseSettings
 from sglang_prefill_ext.ops.pooling import key_segments, pool_keys, pool_queries
