@@ -29,7 +29,7 @@ def _scores(q, kpool_ptr, key_offset, cols, num_cols, num_kv_heads, head, HEAD_D
     dims = tl.arange(0, HEAD_DIM)
     k_rows = (key_offset + cols) * num_kv_heads + head
     k = tl.load(kpool_ptr + k_rows[:, None] * HEAD_DIM + dims[None, :], mask=c_live[:, None], other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
     return tl.where(c_live[None, :], s, float("-inf"))
 
 
