@@ -36,32 +36,38 @@ def main() -> None:
     scale = D**-0.5
     settings = SparseSettings()
     rows = []
-    want = block_mass_triton(q, k, locs, layout, settings.samples, scale)
-    for tile_rows, chunk_cols, warps in itertools.product((64, 128, 256), (16, 32, 64), (4, 8)):
-        kw = dict(tile_rows=tile_rows, chunk_cols=chunk_cols, num_warps=warps)
-        try:
-            got = block_mass_triton(q, k, locs, layout, settings.samples, scale, **kw)
-            ms = timed(lambda kw=kw: block_mass_triton(q, k, locs, layout, settings.samples, scale, **kw), 5)
-        except Exception as err:  # noqa: BLE001 - a config the compiler rejects (e.g. out of shared memory)
-            rows.append(dict(op="sampled_mass", **kw, error=str(err).splitlines()[0][:120]))
-            continue
-        rows.append(dict(op="sampled_mass", **kw, ms=ms, max_diff=float((got - want).abs().max())))
-        print(json.dumps(rows[-1]), flush=True)
+
+    def sweep(op: str, run, want: torch.Tensor, configs: list[dict]) -> None:
+        """Time `run(**config)` per config; a config the compiler rejects (e.g. out of shared memory)
+        is recorded with its error."""
+        for kw in configs:
+            try:
+                got = run(**kw)
+                ms = timed(lambda kw=kw: run(**kw), 5)
+            except Exception as err:  # noqa: BLE001 - any compile/launch failure of one config
+                rows.append(dict(op=op, **kw, error=str(err).splitlines()[0][:120]))
+                continue
+            rows.append(dict(op=op, **kw, ms=ms, differs=float((got.float() - want.float()).abs().max())))
+            print(json.dumps(rows[-1]), flush=True)
+
+    def mass(**kw):
+        return block_mass_triton(q, k, locs, layout, settings.samples, scale, **kw)
+
+    grid = itertools.product((64, 128, 256), (16, 32, 64), (4, 8))
+    configs = [dict(tile_rows=t, chunk_cols=c, num_warps=w) for t, c, w in grid]
+    sweep("sampled_mass", mass, mass(), configs)
     lse = torch.randn(8, layout.num_rows, layout.max_key_blocks, 8, device=DEV)
     epilogue_ms = timed(lambda: torch.exp(lse - lse.logsumexp(2, keepdim=True)).mean(3), 5)
     rows.append(dict(op="sampled_epilogue_torch", ms=epilogue_ms))
-    qpool_ms = timed(lambda: pool_queries(q, layout), 5)
-    kpool_ms = timed(lambda: pool_keys(k, key_segments(layout, locs)), 5)
-    rows.append(dict(op="pool_queries", ms=qpool_ms))
-    rows.append(dict(op="pool_keys", ms=kpool_ms))
+    rows.append(dict(op="pool_queries", ms=timed(lambda: pool_queries(q, layout), 5)))
+    rows.append(dict(op="pool_keys", ms=timed(lambda: pool_keys(k, key_segments(layout, locs)), 5)))
     qpool, kpool = pool_queries(q, layout), pool_keys(k, key_segments(layout, locs))
-    want_mask = select_blocks_triton(qpool, kpool, layout, settings, scale)
-    for block_cols, warps in itertools.product((32, 64, 128, 256), (2, 4, 8)):
-        kw = dict(block_cols=block_cols, num_warps=warps)
-        got = select_blocks_triton(qpool, kpool, layout, settings, scale, **kw)
-        ms = timed(lambda kw=kw: select_blocks_triton(qpool, kpool, layout, settings, scale, **kw), 5)
-        rows.append(dict(op="pooled_select", **kw, ms=ms, mismatches=int((got != want_mask).sum())))
-        print(json.dumps(rows[-1]), flush=True)
+
+    def select(**kw):
+        return select_blocks_triton(qpool, kpool, layout, settings, scale, **kw)
+
+    configs = [dict(block_cols=c, num_warps=w) for c, w in itertools.product((32, 64, 128, 256), (2, 4, 8))]
+    sweep("pooled_select", select, select(), configs)
     info = dict(device=torch.cuda.get_device_name(), length=a.length, rows=rows)
     if a.json:
         a.json.write_text(json.dumps(info, indent=1))

@@ -1,4 +1,4 @@
-"""Version-free sparse prefill ops: block layout, pooled-Q/K block selection, FlashInfer plan and run."""
+"""Version-free sparse prefill ops: block layout, block selection (pooled Q/K, sampled rows), FlashInfer plan and run."""
 
 from .attention import BlockSparsePrefill
 from .layout import BlockLayout, context_locs
