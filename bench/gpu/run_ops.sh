@@ -19,8 +19,6 @@ t0=$(date +%s)
 REPO=$PWD PY=python3 JIT_BUILD=1
 # shellcheck source=bench/gpu/stack.sh
 source bench/gpu/stack.sh
-mkdir -p "$JIT/triton"
-touch $JIT/.start
 echo "unpacked in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total,driver_version --format=csv,noheader
 

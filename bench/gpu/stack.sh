@@ -6,7 +6,8 @@
 # recipe). On a host where SGLang 0.5.17 is pip-installed, leave those files out (or INSTALL=0).
 # Needs REPO and PY; sets SGLANG_DIR (the folder holding sglang/) and the environment.
 # Environment: SITE, JIT [/tmp/site, /tmp/jit]; INSTALL=auto|0 [auto];
-#   JIT_BUILD [0]: 1 lets FlashInfer compile a kernel missing from the cache (else it raises).
+#   JIT_BUILD [0]: 1 lets FlashInfer compile a kernel missing from the cache (else it raises) and
+#   touches $JIT/.start, so the caller can pack what it compiled.
 SITE=${SITE:-/tmp/site}
 JIT=${JIT:-/tmp/jit}
 INSTALL=${INSTALL:-auto}
@@ -36,7 +37,12 @@ if [ "$INSTALL" != 0 ] && { [ -f "$JIT_TARBALL" ] || [ -d "$JIT/flashinfer-aot" 
   if [ -f "$REPO/.gpu/triton-ops-cache.tgz" ]; then tar -C "$JIT" -xzf "$REPO/.gpu/triton-ops-cache.tgz"; fi
   mkdir -p "$SGLANG_DIR/flashinfer/data/aot" && cp -r "$JIT/flashinfer-aot/." "$SGLANG_DIR/flashinfer/data/aot/"
   export TVM_FFI_CACHE_DIR=$JIT/tvm-ffi TRITON_CACHE_DIR=$JIT/triton FLASHINFER_WORKSPACE_BASE=$JIT/fi
-  if [ "${JIT_BUILD:-0}" = 1 ]; then unset FLASHINFER_DISABLE_JIT; else export FLASHINFER_DISABLE_JIT=1; fi
+  if [ "${JIT_BUILD:-0}" = 1 ]; then
+    unset FLASHINFER_DISABLE_JIT
+    mkdir -p "$JIT/triton" && touch "$JIT/.start"  # what this run compiles is newer than .start
+  else
+    export FLASHINFER_DISABLE_JIT=1
+  fi
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
