@@ -1,7 +1,8 @@
 """Block selection: which key blocks each query block keeps, per KV head.
 
-`select_by_mass` keeps the blocks that carry a row's estimated attention mass (sampled.py), the
-default scorer. The pooled scorer reads one mean key per block (cached as key summaries): the score
+`select_by_mass` keeps the blocks that carry a row's estimated attention mass (the sampled scorer,
+sampled.py; the default hybrid scorer keeps the union of both rules). The pooled scorer reads one
+mean key per block (cached as key summaries): the score
 of query block r and key block c for query head g is s = sm_scale * mean(q_r) . mean(k_c), exactly
 the mean logit over the block pair. For KV head h the block is kept when any query head of
 h's group has s >= max_c'(s) + log(threshold) (the estimated attention weight is at least `threshold`
@@ -143,10 +144,16 @@ def block_scores_reference(
     return s.masked_fill(~causal, float("-inf"))
 
 
+def _columns_and_diagonals(layout: BlockLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key block indices [1, C] and each row's own (diagonal) block [R, 1]."""
+    return torch.arange(layout.max_key_blocks, device=device)[None, :], layout.row_block.long().to(device)[
+        :, None
+    ]
+
+
 def structural_blocks(layout: BlockLayout, settings: SparseSettings, device: torch.device) -> torch.Tensor:
     """Blocks kept whatever the scores (sinks, local window, diagonal, last rows), and causal: bool [R, C]."""
-    cols = torch.arange(layout.max_key_blocks, device=device)[None, :]
-    diag = layout.row_block.long().to(device)[:, None]
+    cols, diag = _columns_and_diagonals(layout, device)
     last = layout.req_num_key_blocks[layout.row_req.long()].long().to(device)[:, None] - settings.last_blocks
     structural = (cols < settings.sink_blocks) | (cols > diag - settings.local_blocks) | (cols == diag)
     structural = structural | (diag >= last)
@@ -170,8 +177,8 @@ def select_by_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSett
     first), plus the structural blocks: bool [Hkv, R, C]. `mass` is zero outside causal blocks; a
     coverage of 1 keeps every causal block."""
     if settings.mass >= 1.0:
-        causal = torch.arange(mass.shape[-1], device=mass.device)[None, :] <= layout.row_block.long()[:, None]
-        return causal[None].expand_as(mass).clone()
+        cols, diag = _columns_and_diagonals(layout, mass.device)
+        return (cols <= diag)[None].expand_as(mass).clone()
     ranked, order = mass.sort(-1, descending=True)
     before = ranked.cumsum(-1) - ranked
     keep = (before < settings.mass * ranked.sum(-1, keepdim=True)) & (ranked > 0)
