@@ -61,6 +61,15 @@ def _tile_scores(q, k_ptr, locs_ptr, tok_start, live, cols, head, num_kv_heads, 
 
 
 @triton.jit
+def _store_block_lse(ptrs, block_max, weights, live):
+    """Store each row's natural-log sum of exp over the block (base-2 max and weights), or the floor
+    for a row that sees none of it."""
+    block_sum = tl.sum(weights, axis=1)
+    block_lse = (block_max + tl.log2(tl.maximum(block_sum, 1e-30))) * _LN2
+    tl.store(ptrs, tl.where(block_sum > 0, block_lse, _FLOOR), mask=live)
+
+
+@triton.jit
 def _block_lse_kernel(
     q_ptr,
     k_ptr,
@@ -115,8 +124,19 @@ def _block_lse_kernel(
     q_pos = diag_len - q_len + offset  # position of the sampled query inside its diagonal block
     cols = tl.arange(0, BLOCK)
     lse_row = (head * num_rows + row).to(tl.int64) * max_cols * SLOTS + j
-    c_end = tl.minimum(tl.max(tl.where(row_live, diag, 0), axis=0) + 1, (tl.program_id(2) + 1) * CHUNK_COLS)
-    for c in range(tl.program_id(2) * CHUNK_COLS, c_end):
+    first_col = tl.program_id(2) * CHUNK_COLS
+    c_end = tl.minimum(tl.max(tl.where(row_live, diag, 0), axis=0) + 1, first_col + CHUNK_COLS)
+    # Key blocks before every row's diagonal are full and wholly visible: no masks (rows that are
+    # padding hold q = 0 and are never stored).
+    unmasked_end = tl.maximum(first_col, tl.minimum(c_end, tl.min(tl.where(row_live, diag, c_end), axis=0)))
+    for c in range(first_col, unmasked_end):
+        kb = key_offset + c
+        s = _tile_scores(
+            q, k_ptr, locs_ptr, tl.load(key_tok_start_ptr + kb), cols < BLOCK, cols, head, num_kv_heads, HEAD_DIM
+        ) * scale_log2  # fmt: skip
+        block_max = tl.max(s, axis=1)
+        _store_block_lse(lse_ptr + lse_row + c * SLOTS, block_max, tl.exp2(s - block_max[:, None]), live)
+    for c in range(unmasked_end, c_end):
         kb = key_offset + c
         key_live = cols < tl.load(key_len_ptr + kb)
         s = _tile_scores(
@@ -126,9 +146,8 @@ def _block_lse_kernel(
         visible = visible & key_live[None, :] & live[:, None]
         s = tl.where(visible, s, _FLOOR)
         block_max = tl.max(s, axis=1)
-        block_sum = tl.sum(tl.where(visible, tl.exp2(s - block_max[:, None]), 0.0), axis=1)
-        block_lse = (block_max + tl.log2(tl.maximum(block_sum, 1e-30))) * _LN2
-        tl.store(lse_ptr + lse_row + c * SLOTS, tl.where(block_sum > 0, block_lse, _FLOOR), mask=live)
+        weights = tl.where(visible, tl.exp2(s - block_max[:, None]), 0.0)
+        _store_block_lse(lse_ptr + lse_row + c * SLOTS, block_max, weights, live)
 
 
 def block_mass_triton(

@@ -31,9 +31,13 @@ def _batch(heads: tuple[int, int], head_dim: int, prefix: list[int], extend: lis
 
 @pytest.mark.parametrize(("heads", "head_dim"), [((8, 2), 32), ((9, 3), 64), ((4, 4), 16)])
 @pytest.mark.parametrize("samples", [1, 3])
-def test_triton_mass_matches_reference(heads: tuple[int, int], head_dim: int, samples: int) -> None:
+@pytest.mark.parametrize("chunk_cols", [32, 3])
+def test_triton_mass_matches_reference(
+    heads: tuple[int, int], head_dim: int, samples: int, chunk_cols: int
+) -> None:
+    """Also with key-block chunks that end inside the rows' unmasked and diagonal ranges."""
     layout, q, k_buffer, locs = _batch(heads, head_dim, [0, 37, 200, 5], [90, 29, 40, 3])
-    got = block_mass_triton(q, k_buffer, locs, layout, samples, head_dim**-0.5)
+    got = block_mass_triton(q, k_buffer, locs, layout, samples, head_dim**-0.5, chunk_cols=chunk_cols)
     want = block_mass_reference(q, k_buffer, locs, layout, samples, head_dim**-0.5)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
