@@ -16,6 +16,8 @@ blocks and averaging over the samples and heads is then a few torch ops.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -35,6 +37,25 @@ def sample_offsets(layout: BlockLayout, samples: int) -> torch.Tensor:
     s = torch.arange(samples, device=length.device)[None, :]
     back = (s * (length - 1)) // max(samples - 1, 1)
     return (length - 1 - back).to(torch.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleGeometry:
+    """What the kernel needs besides Q/K, fixed for one layout: sampled offsets [R, samples], the first
+    row of every tile, rows per tile and padded slots (sampled rows x group heads) per row block."""
+
+    offsets: torch.Tensor
+    tiles: torch.Tensor
+    row_blocks: int
+    slots: int
+
+
+def sample_geometry(layout: BlockLayout, samples: int, group: int, tile_rows: int = 128) -> SampleGeometry:
+    """Built once per layout and shared by every layer (`tile_rows`: sampled rows per program)."""
+    slots = triton.next_power_of_2(samples * group)
+    row_blocks = max(tile_rows // slots, 16 // slots, 1)
+    offsets = sample_offsets(layout, samples).contiguous()
+    return SampleGeometry(offsets, row_tiles(layout, row_blocks), row_blocks, slots)
 
 
 def row_tiles(layout: BlockLayout, row_blocks: int) -> torch.Tensor:
@@ -157,24 +178,26 @@ def block_mass_triton(
     layout: BlockLayout,
     samples: int,
     sm_scale: float,
+    geometry: SampleGeometry | None = None,
     tile_rows: int = 128,
     chunk_cols: int = 32,
     num_warps: int = 8,
 ) -> torch.Tensor:
-    """`tile_rows` sampled rows and `chunk_cols` key blocks per program (launch tuning only)."""
+    """`geometry` from `sample_geometry` (built here with `tile_rows` when not given); `chunk_cols`
+    key blocks per program (launch tuning only)."""
     num_rows, num_cols = layout.num_rows, layout.max_key_blocks
     num_qo_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_buffer.shape[1]
     group = num_qo_heads // num_kv_heads
-    slots = triton.next_power_of_2(samples * group)
-    row_blocks = max(tile_rows // slots, 16 // slots, 1)
+    if geometry is None:
+        geometry = sample_geometry(layout, samples, group, tile_rows)
+    slots, tiles = geometry.slots, geometry.tiles
     if num_rows == 0:
         return torch.zeros(num_kv_heads, 0, num_cols, dtype=torch.float32, device=q.device)
     assert k_buffer.is_contiguous() and q.stride(-1) == 1 and layout.block_size <= 256
     lse = torch.full(
         (num_kv_heads, num_rows, num_cols, slots), _FLOOR.value, dtype=torch.float32, device=q.device
     )
-    tiles = row_tiles(layout, row_blocks)
     _block_lse_kernel[(tiles.numel(), num_kv_heads, triton.cdiv(num_cols, chunk_cols))](
         q,
         k_buffer,
@@ -184,7 +207,7 @@ def block_mass_triton(
         layout.row_block,
         layout.row_q_start,
         layout.row_q_len,
-        sample_offsets(layout, samples).contiguous(),
+        geometry.offsets,
         layout.req_key_offset,
         layout.key_tok_start,
         layout.key_len,
@@ -199,7 +222,7 @@ def block_mass_triton(
         sm_scale * _LOG2E,
         HEAD_DIM=head_dim,
         SLOTS=slots,
-        ROW_BLOCKS=row_blocks,
+        ROW_BLOCKS=geometry.row_blocks,
         BLOCK=layout.block_size,
         CHUNK_COLS=chunk_cols,
         num_warps=num_warps,
@@ -256,7 +279,10 @@ def block_mass(
     layout: BlockLayout,
     samples: int,
     sm_scale: float,
+    geometry: SampleGeometry | None = None,
 ) -> torch.Tensor:
-    """Estimated attention mass per (KV head, row block, key block), [Hkv, R, max_key_blocks] float32."""
-    impl = block_mass_triton if triton_enabled(q) else block_mass_reference
-    return impl(q, k_buffer, locs, layout, samples, sm_scale)
+    """Estimated attention mass per (KV head, row block, key block), [Hkv, R, max_key_blocks] float32;
+    `geometry` (the Triton kernel's, see `sample_geometry`) saves rebuilding it per layer."""
+    if triton_enabled(q):
+        return block_mass_triton(q, k_buffer, locs, layout, samples, sm_scale, geometry)
+    return block_mass_reference(q, k_buffer, locs, layout, samples, sm_scale)

@@ -15,7 +15,7 @@ from .attention import BlockSparsePrefill
 from .layout import BlockLayout
 from .plan import build_plan_indices
 from .pooling import key_segments, pool_keys, pool_queries
-from .sampled import block_mass
+from .sampled import SampleGeometry, block_mass, sample_geometry
 from .scoring import select_blocks, select_by_mass
 from .settings import SparseSettings
 from .summaries import KeySummaryCache
@@ -34,6 +34,7 @@ class SparsePrefill:
         self._layout: BlockLayout | None = None
         self._locs = torch.empty(0, dtype=torch.int64)
         self._new_slots: torch.Tensor | None = None
+        self._geometry: SampleGeometry | None = None  # the sampled scorer's, per layout
         self.planned = False
         self.mask: torch.Tensor | None = None
 
@@ -42,6 +43,7 @@ class SparsePrefill:
         self._layout = layout
         self._locs = locs
         self._new_slots = None
+        self._geometry = None
         self.planned = False
         self.mask = None
 
@@ -58,7 +60,12 @@ class SparsePrefill:
         scorer = self.settings.scorer
         by_mass = None
         if scorer in ("sampled", "hybrid"):
-            mass = block_mass(q, k_buffer, self._locs, layout, self.settings.samples, sm_scale)
+            if self._geometry is None:
+                group = q.shape[1] // k_buffer.shape[1]
+                self._geometry = sample_geometry(layout, self.settings.samples, group)
+            mass = block_mass(
+                q, k_buffer, self._locs, layout, self.settings.samples, sm_scale, self._geometry
+            )
             by_mass = select_by_mass(mass, layout, self.settings)
             if scorer == "sampled":
                 return by_mass

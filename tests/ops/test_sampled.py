@@ -112,3 +112,21 @@ def test_hybrid_keeps_the_union_of_both_scorers() -> None:
         masks[scorer] = sparse.select(q, k_buffer, 0.25, None)
     assert torch.equal(masks["hybrid"], masks["sampled"] | masks["pooled"])
     assert not torch.equal(masks["sampled"], masks["pooled"])
+
+
+def test_the_kernel_geometry_is_built_once_per_layout_and_shared_by_layers() -> None:
+    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+
+    layout, q, k_buffer, locs = _batch((8, 2), 32, [16 * 3, 0], [16 * 7, 50], seed=2)
+    sparse = SparsePrefill(SparseSettings(block_size=BLOCK, scorer="sampled", samples=2), None)
+    sparse.begin(layout, locs)
+    first = sparse.select(q, k_buffer, 0.2, None)
+    geometry = sparse._geometry
+    second = sparse.select(q * 0.5, k_buffer, 0.2, None)  # a later layer: same layout, other queries
+    assert sparse._geometry is geometry
+    want = select_by_mass(
+        block_mass_reference(q * 0.5, k_buffer, locs, layout, 2, 0.2), layout, sparse.settings
+    )
+    assert torch.equal(second, want) and first.shape == second.shape
+    sparse.begin(layout, locs)
+    assert sparse._geometry is None
