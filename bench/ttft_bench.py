@@ -913,11 +913,12 @@ def render_report(summaries: list[tuple[str, dict[str, Any]]], reference: dict[s
             gnames += [g for g in (_get(s, ("workloads", w, "groups")) or {}) if g not in gnames]
         if 1 < len(gnames) <= 8 and not all(g.startswith("doc") for g in gnames):
             for g in gnames:
-                vals = [_get(s, ("workloads", w, "groups", g, "ttft_s", "p50")) for _, s in summaries]
-                row = f"| TTFT p50 {g} (s) |" + "".join(f" {_fmt(v)} |" for v in vals)
-                if pair:
-                    row += f" {_ratio(vals[0], vals[1])} |"
-                lines.append(row)
+                for q in ("p50", "p99"):
+                    vals = [_get(s, ("workloads", w, "groups", g, "ttft_s", q)) for _, s in summaries]
+                    row = f"| TTFT {q} {g} (s) |" + "".join(f" {_fmt(v)} |" for v in vals)
+                    if pair:
+                        row += f" {_ratio(vals[0], vals[1])} |"
+                    lines.append(row)
         lines.append("")
     if pair:
         lines.append(
@@ -937,9 +938,20 @@ def plot_cdf(summaries: list[tuple[str, dict[str, Any]]], png: Path) -> bool:
     except ImportError:
         print("matplotlib is not importable: no CDF plot", file=sys.stderr)
         return False
+
+    def ttfts(s: dict[str, Any], name: str) -> list[float]:
+        """A workload's sorted TTFTs; `mixed/short`: its short requests' alone."""
+        workload, _, group = name.partition("/")
+        if group:
+            values = _get(s, ("workloads", workload, "groups", group, "ttft_values")) or []
+            return sorted(v for v in values if v is not None)
+        return _get(s, ("workloads", workload, "ttfts")) or []
+
     names: list[str] = []
     for _, s in summaries:
         names += [w for w, ws in (s.get("workloads") or {}).items() if ws.get("ttfts") and w not in names]
+        if ttfts(s, "mixed/short") and "mixed/short" not in names:
+            names.append("mixed/short")
     if not names:
         return False
     cols = min(3, len(names))
@@ -947,11 +959,11 @@ def plot_cdf(summaries: list[tuple[str, dict[str, Any]]], png: Path) -> bool:
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
     for ax, w in zip(axes.flat, names, strict=False):
         for lab, s in summaries:
-            xs = _get(s, ("workloads", w, "ttfts")) or []
+            xs = ttfts(s, w)
             if xs:
                 ys = [(i + 1) / len(xs) for i in range(len(xs))]
                 ax.step(xs, ys, where="post", label=f"{lab} (n={len(xs)})")
-        vals = [x for _, s in summaries for x in (_get(s, ("workloads", w, "ttfts")) or []) if x > 0]
+        vals = [x for _, s in summaries for x in ttfts(s, w) if x > 0]
         if vals and max(vals) / min(vals) > 20:  # log only where it spans decades
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())

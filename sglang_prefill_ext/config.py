@@ -12,6 +12,8 @@ import argparse
 import dataclasses
 from typing import Any
 
+from sglang_prefill_ext.runner.short_first import PassCost
+
 OPTIONS_DEST = "prefill_ext_options"
 ENABLE_FLAG = "--enable-prefill-ext"
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "cost")
@@ -165,11 +167,41 @@ class PrefillExtConfig:
     max_wait_passes: int = _option(
         32, "lpm-aging: a request that has waited this many scheduling passes is ordered first (FCFS)."
     )
+    pass_budget_ms: float = _option(
+        0.0,
+        "Short requests first: while short requests arrive (one seen within --prefill-ext-short-window-s), "
+        "every prefill pass is sized to this predicted forward time (--prefill-ext-pass-cost); a waiting "
+        "request that fits in one such pass goes ahead of longer ones and rides the next pass, and a long "
+        "prompt's chunk takes the rest of the budget (at least --prefill-ext-min-long-chunk tokens). "
+        "0: off (SGLang's chunk size every pass).",
+    )
+    short_window_s: float = _option(
+        1.0,
+        "Short requests first: passes stay budgeted this long after the last short request was seen; a "
+        "negative value budgets every pass (Sarathi-style).",
+    )
+    min_long_chunk: int = _option(
+        512,
+        "Short requests first: a budgeted pass never shrinks a long prompt's chunk below this many tokens, "
+        "so long prompts keep progressing.",
+    )
+    pass_cost: str = _option(
+        "5,22,890",
+        "Forward-time model of a prefill pass, FIXED_MS,TOKEN_US,PAIR_PS: a fixed cost, a cost per new token "
+        "and per (new token, context token) pair of causal attention; defaults fitted on the H200 "
+        "(8B-shaped model, fa3).",
+    )
 
     log: str = _option(
         "",
         "Append one JSON line per finished request to this file: rid, input_len, cached_tokens, "
-        "deduped_tokens, chunks, queue_ms, prefill_ms, ttft_ms, output_tokens, error (empty: off).",
+        "deduped_tokens, chunks, queue_passes, budgeted_chunks, queue_ms, prefill_ms, ttft_ms, "
+        "output_tokens, error (empty: off).",
+    )
+    pass_log: str = _option(
+        "",
+        "Append one JSON line per prefill pass to this file: its time, waiting and short requests, the "
+        "chunk budget and, per admitted request, new and cached tokens and whether it is chunked (empty: off).",
     )
 
     def tree_eviction(self, sglang_policy: str) -> str:
@@ -188,6 +220,7 @@ class PrefillExtConfig:
         if unknown:
             raise ValueError(f"unknown prefill-ext options: {', '.join(unknown)}")
         config = cls(**options)
+        PassCost.parse(config.pass_cost)
         for f in dataclasses.fields(cls):
             choices = f.metadata["choices"]
             value = getattr(config, f.name)

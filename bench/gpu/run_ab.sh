@@ -16,14 +16,17 @@
 # Environment (defaults in brackets):
 #   VARIANTS       variants to run, in order ["stock"]; "stock ext" for the A/B. Any name starting
 #                  with "ext" runs the patched SGLang with EXT_ARGS_<name> (ext: EXT_ARGS), e.g.
-#                  VARIANTS="stock ext ext_sparse" EXT_ARGS_ext_sparse="--enable-prefill-ext --prefill-ext-sparse"
+#                  VARIANTS="stock ext ext_sparse" EXT_ARGS_ext_sparse="--enable-prefill-ext --prefill-ext-sparse";
+#                  any other name starting with "stock" runs stock SGLang with STOCK_ARGS_<name>, e.g.
+#                  STOCK_ARGS_stock_fi="--attention-backend flashinfer" (a second, labelled baseline)
 #   WORKLOADS      main-phase workloads [baseline,burst,rag,agent,unique,mixed]; "none" skips
 #                  them (and the main phase unless ROBUST=1), e.g. a call for the pressure phase alone
 #   PRESSURE       1: also the pressure phase (separate servers, PRESSURE_SERVER_ARGS) [1]
 #   BUDGET_S       seconds for the whole script; servers and workloads that would end later are
 #                  skipped [520]
 #   BENCH_ARGS     extra ttft_bench.py run arguments, e.g. "--baseline-reps 2" []
-#   SERVER_ARGS    launch flags after --model-path, both variants [8B dummy, FlashInfer, 0.8, 128K]
+#   SERVER_ARGS    launch flags after --model-path, every variant [8B dummy, stock's default attention
+#                  backend (fa3 on Hopper: bring it with bench/gpu/fa3_part.sh), 0.8, 128K]
 #   PRESSURE_SERVER_ARGS  the same for the pressure phase [as SERVER_ARGS with mem fraction 0.2]
 #   EXT_ARGS       added for the ext variant [--enable-prefill-ext]
 #   ROBUST         1: after each variant's workloads, bench/robustness.py on the same server: malformed
@@ -49,7 +52,8 @@ BENCH_ARGS=${BENCH_ARGS:-}
 SGLANG_VERSION=${SGLANG_VERSION:-0.5.17}
 MODEL=${MODEL:-$REPO/bench/models/llama3-8b-dummy}
 PORT=${PORT:-30000}
-COMMON_ARGS="--load-format dummy --skip-tokenizer-init --attention-backend flashinfer --context-length 131072"
+# No --attention-backend: stock's default on the GPU (fa3 on Hopper; the server log names it).
+COMMON_ARGS="--load-format dummy --skip-tokenizer-init --context-length 131072"
 SERVER_ARGS=${SERVER_ARGS:-$COMMON_ARGS --mem-fraction-static 0.8}
 PRESSURE_SERVER_ARGS=${PRESSURE_SERVER_ARGS:-$COMMON_ARGS --mem-fraction-static 0.2}
 EXT_ARGS=${EXT_ARGS:---enable-prefill-ext}
@@ -91,7 +95,7 @@ EOF
   echo "PRESSURE_SERVER_ARGS=$PRESSURE_SERVER_ARGS"
   echo "EXT_ARGS=$EXT_ARGS"
   for v in $VARIANTS; do
-    case "$v" in ext?*) name="EXT_ARGS_$v"; echo "$name=${!name:-}" ;; esac
+    case "$v" in ext?*) name="EXT_ARGS_$v"; echo "$name=${!name:-}" ;; stock?*) name="STOCK_ARGS_$v"; echo "$name=${!name:-}" ;; esac
   done
   echo "ROBUST=$ROBUST ROBUST_LONG_REPS=$ROBUST_LONG_REPS ROBUST_LONG_LEN=$ROBUST_LONG_LEN"
   echo "FLASHINFER_DISABLE_JIT=${FLASHINFER_DISABLE_JIT:-unset}"
@@ -117,10 +121,12 @@ run_phase() {  # run_phase PHASE WORKLOADS ARGS...
     set_variant "$v" || continue
     mkdir -p "$WORK/$v"
     local extra=() args_name="EXT_ARGS_$v"
+    [ "${v#stock}" != "$v" ] && args_name="STOCK_ARGS_$v"
     [ "$v" = ext ] && read -r -a extra <<<"$EXT_ARGS"
-    [ "$v" != ext ] && [ "${v#ext}" != "$v" ] && read -r -a extra <<<"${!args_name:-}"
+    [ "$v" != ext ] && [ "$v" != stock ] && read -r -a extra <<<"${!args_name:-}"
     # ext* variants keep the extension's per-request log (--prefill-ext-log) with the results
-    [ "${v#ext}" != "$v" ] && extra+=(--prefill-ext-log "$WORK/$v/requests-$phase.jsonl")
+    [ "${v#ext}" != "$v" ] && extra+=(--prefill-ext-log "$WORK/$v/requests-$phase.jsonl" \
+      --prefill-ext-pass-log "$WORK/$v/passes-$phase.jsonl")
     if ! start_server "$WORK/$v/server-$phase.log" "$@" "${extra[@]}"; then
       log "$phase/$v: server did not start"
       continue

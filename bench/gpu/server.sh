@@ -2,12 +2,12 @@
 # server at a time. Needs PY, MODEL, PORT, URL, WORK, and the functions log (one line to stdout) and
 # left (seconds left of the caller's budget).
 
-# set_variant VARIANT: stock -> patch reverted; any other (ext*, off: patched, flag off) -> patch
+# set_variant VARIANT: stock* -> patch reverted; any other (ext*, off: patched, flag off) -> patch
 # applied. Returns 1 if impossible.
 set_variant() {
   local v=$1 plog="$WORK/patch-cli.log"
   echo "== $(date +%T) set_variant $v" >>"$plog"
-  if [ "$v" != stock ]; then
+  if [ "${v#stock}" = "$v" ]; then
     if ! patch_cli apply >>"$plog" 2>&1; then
       log "$v: the patch does not apply (see patch-cli.log): skipping it"
       tail -3 "$plog"
@@ -83,6 +83,7 @@ start_server() {
     if $PY -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('$URL/health', timeout=3).status == 200 else 1)" 2>/dev/null; then
       log "server healthy after $(($(date +%s) - t0)) s"
       grep -E "KV Cache is allocated|max_total_num_tokens=" "$slog" | tail -4 || true
+      grep -oE "attention_backend='[a-z0-9_]+'" "$slog" | head -1 | sed 's/^/attention backend in use: /' || true
       return 0
     fi
     if [ "$(left)" -le 0 ] || [ $(($(date +%s) - t0)) -gt 400 ]; then

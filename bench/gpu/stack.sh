@@ -5,7 +5,10 @@
 # kernels as bench/gpu/run_ops.sh packs them) to $JIT, once per warm host (shared/gpu/README.md's
 # recipe). On a host where SGLang 0.5.17 is pip-installed, leave those files out (or INSTALL=0).
 # Needs REPO and PY; sets SGLANG_DIR (the folder holding sglang/) and the environment.
-# Environment: SITE, JIT [/tmp/site, /tmp/jit]; INSTALL=auto|0 [auto];
+# fa3 (stock's default attention backend on Hopper) travels in parts (scripts/gpu/make_fa3_parts.sh,
+# bench/gpu/fa3_part.sh): carried parts are stashed in $FA3_PARTS and, once all are there, joined
+# into the unpacked site (sha256-checked); SGLANG_BACKEND says which default the server will get.
+# Environment: SITE, JIT, FA3_PARTS [/tmp/site, /tmp/jit, /tmp/fa3]; INSTALL=auto|0 [auto];
 #   JIT_BUILD [0]: 1 lets FlashInfer compile a kernel missing from the cache (else it raises) and
 #   touches $JIT/.start, so the caller can pack what it compiled.
 SITE=${SITE:-/tmp/site}
@@ -43,6 +46,19 @@ if [ "$INSTALL" != 0 ] && { [ -f "$JIT_TARBALL" ] || [ -d "$JIT/flashinfer-aot" 
   else
     export FLASHINFER_DISABLE_JIT=1
   fi
+fi
+FA3_PARTS=${FA3_PARTS:-/tmp/fa3}
+if [ -d "$REPO/.gpu/fa3" ]; then mkdir -p "$FA3_PARTS" && cp -n "$REPO"/.gpu/fa3/* "$FA3_PARTS"/; fi
+if [ "$SGLANG_DIR" = "$SITE" ] && [ ! -f "$SITE/sgl_kernel/flash_ops.abi3.so" ] && [ -f "$FA3_PARTS/PARTS" ]; then
+  if [ ! -d "$FA3_PARTS/zst" ]; then
+    $PY -m pip install -q --no-index --no-deps --target "$FA3_PARTS/zst" "$FA3_PARTS"/zstandard-*.whl
+  fi
+  PYTHONPATH="$FA3_PARTS/zst" $PY "$REPO/bench/gpu/fa3_join.py" "$FA3_PARTS" "$SITE/sgl_kernel/flash_ops.abi3.so" || true
+fi
+if [ -f "$SGLANG_DIR/sgl_kernel/flash_ops.abi3.so" ]; then
+  stack_log "fa3 present: a server without --attention-backend gets stock's Hopper default (fa3)"
+else
+  stack_log "fa3 absent (sgl_kernel/flash_ops.abi3.so): pass --attention-backend flashinfer, or bring fa3 first"
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 

@@ -13,6 +13,7 @@ version. Like the per-version modules, this imports SGLang only lazily: the patc
 from __future__ import annotations
 
 import dataclasses
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -23,7 +24,8 @@ from sglang_prefill_ext.radix.tokens import as_token_array
 from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
 from sglang_prefill_ext.runner.chunking import aligned_chunk_end, decode_adaptive_budget, divergence_points
 from sglang_prefill_ext.runner.metrics import CounterDeltas
-from sglang_prefill_ext.runner.request_log import JsonlLog, RequestRecord
+from sglang_prefill_ext.runner.request_log import JsonlLog, PassRecord, RequestRecord
+from sglang_prefill_ext.runner.short_first import Need, PassCost, PassPlan, ShortFirst
 
 if TYPE_CHECKING:
     from sglang_prefill_ext.adapters.tree_backed import PrefixTreeCacheMixin
@@ -63,10 +65,23 @@ class PrefillExtScheduler:
             max_wait_passes=config.max_wait_passes,
             protect_waiting=config.protect_waiting,
         )
+        self.short_first = ShortFirst(
+            config.pass_budget_ms,
+            config.short_window_s,
+            config.min_long_chunk,
+            page_size,
+            PassCost.parse(config.pass_cost),
+        )
+        self.clock = time.monotonic  # the CPU replay substitutes its simulated clock
         self.log = JsonlLog(config.log) if config.log else None
+        self.pass_log = JsonlLog(config.pass_log) if config.pass_log else None
         self.metrics = CounterDeltas() if metrics else None
         self._hit_tokens = 0
         self._deduped: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
+        self._queue_passes: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
+        self._budgeted_chunks: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
+        self._plan = PassPlan(0)
+        self._shorts: list[Need] = []
         self._adder: Adder | None = None
         self._tracked = 0
         self._waiting: list[Req] = []
@@ -111,19 +126,55 @@ class PrefillExtScheduler:
                 sign = self.policy.priority_sign
                 waiting_queue.sort(key=lambda r: r.priority * sign)
         self.runner.protect(waiting_queue, self._stamp, self._match, self._touch)
+        if self.short_first.enabled:
+            self.runner.refresh(waiting_queue, self._stamp, self._match)
+            self._shorts = self.short_first.select(waiting_queue, self._need, self.clock())
 
-    def chunk_budget(self, chunked_prefill_size: int | None, decoding: int) -> int | None:
-        """This pass's chunked-prefill budget with `decoding` requests running (None: chunking off)."""
+    def _need(self, req: Req) -> Need:
+        """A waiting request's uncached tokens over its cached prefix, by its last match."""
+        matched = self.runner.state(req).matched
+        return Need(len(req.origin_input_ids) - matched, matched)
+
+    def chunk_budget(
+        self, chunked_prefill_size: int | None, decoding: int, chunked_req: Req = None
+    ) -> int | None:
+        """This pass's chunked-prefill budget with `decoding` requests running (None: chunking off)
+        and `chunked_req` (SGLang's chunked request, if one continues this pass)."""
         config = self.config
         if chunked_prefill_size is None:
+            self._plan = PassPlan(0)
             return None
-        return decode_adaptive_budget(
+        base = decode_adaptive_budget(
             chunked_prefill_size,
             decoding,
             config.decode_adaptive_budget,
             config.decode_budget_min_tokens,
             self.page_size,
         )
+        if not self.short_first.enabled:
+            self._plan = PassPlan(base)
+            return base
+        if chunked_req is not None:
+            done = len(chunked_req.prefix_indices)
+            long = Need(len(chunked_req.origin_input_ids) - done, done)
+        else:
+            after = self._waiting[len(self._shorts) : len(self._shorts) + 1]
+            long = self._need(after[0]) if after else None
+        self._plan = self.short_first.plan(base, self.clock(), self._shorts, long, chunked_req is not None)
+        return self._plan.chunk
+
+    def add_chunked_req(self, adder: Adder, req: Req) -> Req | None:
+        """`adder.add_chunked_req(req)`, its chunk capped by this pass's plan; the rest of the pass's
+        budget stays for the requests the queue loop admits after it."""
+        cap = self._plan.long_cap
+        if cap is None or adder.rem_chunk_tokens is None:
+            return adder.add_chunked_req(req)
+        rest = adder.rem_chunk_tokens - cap
+        adder.rem_chunk_tokens = cap
+        try:
+            return adder.add_chunked_req(req)
+        finally:
+            adder.rem_chunk_tokens += rest
 
     def _touch(self, req: Req) -> None:
         self.tree_cache.tree.touch(req.last_node)
@@ -153,8 +204,30 @@ class PrefillExtScheduler:
                     "dedup_tokens": runner.dedup_tokens,
                     "deferrals": runner.deferrals,
                     "dedup_timeouts": runner.dedup_timeouts,
+                    **dataclasses.asdict(self.short_first.counters),
                 }
             )
+        if self.pass_log is not None:
+            self._log_pass(adder)
+
+    def _log_pass(self, adder: Adder) -> None:
+        cost, reqs, predicted = self.short_first.cost, [], 0.0
+        for req in adder.can_run_list:
+            start, end = len(req.prefix_indices), self._extend_end(req)
+            reqs.append([end - start, start, int(end < len(req.full_untruncated_fill_ids))])
+            predicted += cost.variable_ms(end - start, start)
+        self.pass_log.write(
+            PassRecord(
+                t_ms=round(1e3 * self.clock(), 3),
+                index=self.runner.counters.passes,
+                waiting=len(self._waiting),
+                shorts=len(self._shorts),
+                budgeted=self._plan.budgeted,
+                chunk=self._plan.chunk,
+                predicted_ms=round(cost.fixed_ms + predicted, 3) if reqs else 0.0,
+                reqs=reqs,
+            )
+        )
 
     def _track(self, adder: Adder) -> None:
         """Track the requests `adder` admitted since the last call, each as one flight."""
@@ -162,6 +235,11 @@ class PrefillExtScheduler:
             self._adder, self._tracked = adder, 0
         for req in adder.can_run_list[self._tracked :]:
             end = self._chunk_end(req)
+            if req not in self._queue_passes:
+                state = self.runner.waiting_states().get(req)
+                self._queue_passes[req] = state.passes - 1 if state is not None else 0
+            if self._plan.budgeted and end < len(req.full_untruncated_fill_ids):
+                self._budgeted_chunks[req] = self._budgeted_chunks.get(req, 0) + 1
             self.runner.track(req, self.position(req, end), end)
             deduped = self.runner.deduped_tokens(req)
             if deduped:
@@ -208,6 +286,8 @@ class PrefillExtScheduler:
                 cached_tokens=req.cached_tokens,
                 deduped_tokens=self._deduped.pop(req, 0),
                 chunks=req.extend_batch_idx,
+                queue_passes=self._queue_passes.pop(req, 0),
+                budgeted_chunks=self._budgeted_chunks.pop(req, 0),
                 queue_ms=_ms(stats.wait_queue_entry_time, stats.forward_entry_time),
                 prefill_ms=_ms(stats.forward_entry_time, stats.prefill_finished_time),
                 ttft_ms=_ms(stats.wait_queue_entry_time, stats.prefill_finished_time),

@@ -16,6 +16,9 @@ NAMES = {
     "dedup_tokens": "In-flight tokens requests waited for instead of computing them again.",
     "deferrals": "Scheduling passes a request waited for in-flight pages.",
     "dedup_timeouts": "Requests that stopped waiting for in-flight pages at --prefill-ext-dedup-max-wait-passes.",
+    "budgeted_passes": "Prefill passes sized to --prefill-ext-pass-budget-ms while short requests arrived.",
+    "shortened_chunks": "Long prompts' chunks a pass budget made shorter than --chunked-prefill-size.",
+    "yielded_tokens": "Tokens long prompts' chunks gave up to pass budgets (computed in later passes).",
 }
 
 

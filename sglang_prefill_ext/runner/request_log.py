@@ -1,4 +1,5 @@
-"""`--prefill-ext-log PATH`: one JSON line per finished request, written as it finishes."""
+"""`--prefill-ext-log PATH`: one JSON line per finished request, written as it finishes;
+`--prefill-ext-pass-log PATH`: one JSON line per prefill pass, written as it is scheduled."""
 
 from __future__ import annotations
 
@@ -17,11 +18,29 @@ class RequestRecord:
     cached_tokens: int
     deduped_tokens: int
     chunks: int
+    queue_passes: int  # scheduling passes it waited before its first forward
+    budgeted_chunks: int  # of its chunks, those a short-first pass budget shortened
     queue_ms: float
     prefill_ms: float
     ttft_ms: float
     output_tokens: int
     error: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class PassRecord:
+    """One prefill pass as scheduled: `t_ms` on the scheduler's monotonic clock (the gap to the next
+    pass's is about this pass's forward time while the scheduler is busy); `reqs` lists, per admitted
+    request, [new tokens, cached tokens, 1 if its prompt continues in a later chunk]."""
+
+    t_ms: float
+    index: int
+    waiting: int
+    shorts: int
+    budgeted: bool
+    chunk: int
+    predicted_ms: float
+    reqs: list[list[int]]
 
 
 class JsonlLog:
@@ -31,7 +50,7 @@ class JsonlLog:
         self._file = self.path.open("a", buffering=1, encoding="utf-8")
         self._lock = threading.Lock()
 
-    def write(self, record: RequestRecord) -> None:
+    def write(self, record: RequestRecord | PassRecord) -> None:
         line = json.dumps(dataclasses.asdict(record), separators=(",", ":"))
         with self._lock:
             self._file.write(line + "\n")

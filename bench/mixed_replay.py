@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Short requests arriving during long chunked prefills, replayed on the CPU through the installed
+SGLang's real scheduler (bench/schedule_replay.py's `ReplayScheduler`), stock vs ext, on a simulated
+clock.
+
+Each pass's forward time is predicted by the extension's cost model (`PassCost`, constants fitted on
+the H200) from the batch the real scheduler formed; requests arrive by that clock (the mixed
+workload of bench/ttft_bench.py: long unique prompts every few seconds among Poisson short ones).
+With --overlap (SGLang's default event loop) batch k + 1 is formed while batch k runs, so a request
+arriving during batch k can ride batch k + 2 at the earliest. TTFT here is scheduler-side: arrival
+to the end of the forward holding the prompt's last chunk (no HTTP, no detokenization).
+
+    python bench/mixed_replay.py --overlap
+    python bench/mixed_replay.py --overlap --budget-ms 60 100 --stock-chunk 8192 2048
+
+Needs the venv's SGLang patched: `make apply SGLANG_VERSION=<its version>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import statistics
+import sys
+from collections.abc import Sequence
+
+import schedule_replay as sr
+
+from sglang_prefill_ext.runner.short_first import PassCost
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrival:
+    ms: float
+    req: sr.TraceReq
+    group: str  # "long" or "short"
+
+
+def mixed(
+    long_n: int = 4,
+    long_tokens: int = 32768,
+    long_every_ms: float = 2000.0,
+    short_n: int = 48,
+    short_min: int = 512,
+    short_max: int = 2048,
+    short_rate: float = 8.0,
+    seed: int = 5,
+) -> list[Arrival]:
+    """bench/ttft_bench.py's mixed workload: long unique prompts every `long_every_ms` among
+    `short_n` short unique prompts arriving as a Poisson process of `short_rate` per second."""
+    rng = random.Random(seed)
+    out = [
+        Arrival(i * long_every_ms, sr.TraceReq(f"long{i}", tuple(sr._tokens(rng, long_tokens))), "long")
+        for i in range(long_n)
+    ]
+    t = rng.expovariate(short_rate) * 1e3
+    for j in range(short_n):
+        n = rng.randint(short_min, short_max)
+        out.append(Arrival(t, sr.TraceReq(f"short{j}", tuple(sr._tokens(rng, n))), "short"))
+        t += rng.expovariate(short_rate) * 1e3
+    return sorted(out, key=lambda a: a.ms)
+
+
+@dataclasses.dataclass
+class TimedResult:
+    mode: str
+    ttft_ms: dict[str, float]  # rid -> scheduler-side TTFT
+    groups: dict[str, str]
+    passes: int
+    prefill_tokens: int
+    busy_ms: float
+    kv_errors: list[str]
+
+    def group_ttfts(self, group: str) -> list[float]:
+        return [v for rid, v in self.ttft_ms.items() if self.groups[rid] == group]
+
+
+def run_timed(
+    arrivals: Sequence[Arrival], config: sr.ReplayConfig, cost: PassCost, check_kv: bool = False
+) -> TimedResult:
+    """Replay `arrivals` on the simulated clock; each formed batch lasts `cost`'s prediction."""
+    replay = sr.ReplayScheduler(config)
+    runner = getattr(replay.scheduler, "prefill_ext_runner", None)
+    clock = {"ms": 0.0}
+    if runner is not None:
+        runner.clock = lambda: clock["ms"] / 1e3
+    lengths = {a.req.rid: len(a.req.tokens) for a in arrivals}
+    arrived: dict[str, float] = {}
+    ttft: dict[str, float] = {}
+    todo = list(arrivals)
+    gpu_free, busy, errors = 0.0, 0.0, []
+    while todo or replay.busy():
+        while todo and todo[0].ms <= clock["ms"]:
+            a = todo.pop(0)
+            replay.add(a.req)
+            arrived[a.req.rid] = a.ms
+        before = len(replay.steps)
+        replay.step()
+        step = replay.steps[before]
+        if check_kv:
+            errors += replay.kv_accounting_errors()
+        if step.admitted:
+            start = max(clock["ms"], gpu_free)
+            ms = cost.fixed_ms + sum(cost.variable_ms(end - begin, begin) for _, begin, end in step.admitted)
+            gpu_free = start + ms
+            busy += ms
+            for rid, _, end in step.admitted:
+                if end == lengths[rid]:
+                    ttft[rid] = gpu_free - arrived[rid]
+            # The next batch is formed once this one is launched (overlap) or has finished.
+            clock["ms"] = start if config.overlap else gpu_free
+        elif todo and not replay.busy():
+            clock["ms"] = max(clock["ms"], todo[0].ms)
+        else:
+            clock["ms"] = max(clock["ms"], gpu_free)
+    return TimedResult(
+        mode="",
+        ttft_ms=ttft,
+        groups={a.req.rid: a.group for a in arrivals},
+        passes=sum(1 for s in replay.steps if s.admitted),
+        prefill_tokens=replay.prefill_tokens,
+        busy_ms=busy,
+        kv_errors=errors,
+    )
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def table(results: list[TimedResult]) -> str:
+    lines = [
+        "| mode | short p50 ms | short p99 ms | long p50 ms | passes | prefill tokens | busy ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        short, long = r.group_ttfts("short"), r.group_ttfts("long")
+        lines.append(
+            f"| {r.mode} | {statistics.median(short):.0f} | {_pct(short, 99):.0f} | "
+            f"{statistics.median(long):.0f} | {r.passes} | {r.prefill_tokens:,} | {r.busy_ms:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--overlap", action="store_true", help="SGLang's overlap event loop (its default)")
+    parser.add_argument("--budget-ms", type=float, nargs="+", default=[100.0], help="ext pass budgets")
+    parser.add_argument("--window-s", type=float, nargs="+", default=[1.0], help="ext short windows")
+    parser.add_argument("--stock-chunk", type=int, nargs="+", default=[8192, 2048], help="stock chunk sizes")
+    parser.add_argument("--pass-cost", default="5,22,890", help="FIXED_MS,TOKEN_US,PAIR_PS")
+    args = parser.parse_args(argv)
+    cost = PassCost.parse(args.pass_cost)
+    arrivals = mixed()
+    results = []
+    for chunk in args.stock_chunk:
+        config = sr.ReplayConfig(ext=False, chunked_prefill_size=chunk, overlap=args.overlap)
+        results.append(dataclasses.replace(run_timed(arrivals, config, cost), mode=f"stock, chunk {chunk}"))
+    for budget in args.budget_ms:
+        for window in args.window_s:
+            extra = (
+                *("--prefill-ext-pass-budget-ms", str(budget), "--prefill-ext-short-window-s", str(window)),
+                *("--prefill-ext-pass-cost", args.pass_cost),
+            )
+            config = sr.ReplayConfig(
+                ext=True, chunked_prefill_size=8192, overlap=args.overlap, extra_args=extra
+            )
+            mode = f"ext, budget {budget:g} ms, window {window:g} s"
+            results.append(dataclasses.replace(run_timed(arrivals, config, cost), mode=mode))
+    print(f"command: python bench/mixed_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(f"cost model: {cost}; overlap {args.overlap}\n")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

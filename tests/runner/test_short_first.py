@@ -1,0 +1,155 @@
+"""Short requests first: the cost model, the per-pass decisions, and the policy on SGLang's real
+scheduler (CPU pools, simulated clock from bench/mixed_replay.py), KV accounting checked every pass."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sglang_prefill_ext.runner.short_first import Need, PassCost, ShortFirst
+from tests.runner.conftest import REPLAY_PATH, ported
+
+COST = PassCost()
+
+
+@given(st.floats(0.0, 2000.0), st.integers(0, 200_000))
+def test_tokens_within_is_the_inverse_of_the_cost(ms: float, context: int) -> None:
+    n = COST.tokens_within(ms, context)
+    assert COST.variable_ms(n, context) <= ms + 1e-9
+    assert COST.variable_ms(n + 1, context) > ms
+
+
+def test_pass_cost_parses_and_refuses() -> None:
+    assert PassCost.parse("5,22,890") == PassCost(5.0, 22.0, 890.0)
+    for bad in ("5,22", "a,b,c", "1,-2,3"):
+        with pytest.raises(ValueError, match="FIXED_MS,TOKEN_US,PAIR_PS"):
+            PassCost.parse(bad)
+
+
+def policy(budget_ms: float = 100.0, window_s: float = 1.0, min_long: int = 512) -> ShortFirst:
+    return ShortFirst(budget_ms, window_s, min_long, page_size=1)
+
+
+def test_select_moves_the_shorts_that_fit_ahead_in_order() -> None:
+    needs = {"long": Need(32768, 0), "s1": Need(1500, 0), "doc-q": Need(100, 16384), "s2": Need(3000, 0)}
+    waiting = ["long", "s1", "doc-q", "s2"]
+    chosen = policy().select(waiting, needs.__getitem__, now=0.0)
+    # s1 (34 ms) + doc-q (3.7 ms) fit in 95 ms of variable time; s2 (70 ms) would not.
+    assert waiting == ["s1", "doc-q", "long", "s2"]
+    assert chosen == [needs["s1"], needs["doc-q"]]
+
+
+def test_a_short_that_alone_overflows_the_budget_is_not_short() -> None:
+    waiting = ["a", "b"]
+    assert policy(budget_ms=20).select(waiting, lambda _: Need(1000, 0), now=0.0) == []
+    assert waiting == ["a", "b"]
+
+
+def test_disabled_policy_changes_nothing() -> None:
+    off, waiting = policy(budget_ms=0), ["long", "s"]
+    assert off.select(waiting, {"long": Need(32768, 0), "s": Need(100, 0)}.__getitem__, now=0.0) == []
+    assert waiting == ["long", "s"] and not off.plan(8192, 0.0, [], Need(32768, 0), True).budgeted
+
+
+def test_plan_fills_the_budget_after_the_shorts_and_keeps_long_progress() -> None:
+    p = policy()
+    short = Need(1000, 0)
+    p.select(["s"], lambda _: short, now=10.0)
+    long = Need(20000, 24576)
+    plan = p.plan(8192, 10.5, [short], long, continuing=True)
+    assert plan.budgeted and plan.long_cap is not None
+    assert plan.chunk == 1000 + plan.long_cap
+    predicted = COST.fixed_ms + COST.variable_ms(1000, 0) + COST.variable_ms(plan.long_cap, long.context)
+    assert predicted <= 100.0 < predicted + COST.variable_ms(1, long.context + plan.long_cap)
+    # A budget the shorts use up still leaves the long prompt its minimum chunk.
+    crowded = p.plan(8192, 10.6, [Need(3500, 0)], long, continuing=True)
+    assert crowded.long_cap == 512
+    # Past the window (no short seen for a second), SGLang's chunk size again.
+    assert p.plan(8192, 11.6, [], long, continuing=True) == p.plan(8192, 99.0, [], None, continuing=False)
+    assert not p.plan(8192, 11.6, [], long, continuing=True).budgeted
+    # A negative window budgets every pass.
+    always = policy(window_s=-1)
+    assert always.plan(8192, 0.0, [], long, continuing=True).long_cap < 8192
+    assert p.counters.budgeted_passes == 2 and p.counters.shortened_chunks == 2
+
+
+def test_config_refuses_a_malformed_cost_model() -> None:
+    from sglang_prefill_ext.config import PrefillExtConfig
+
+    with pytest.raises(ValueError, match="--prefill-ext-pass-cost"):
+        PrefillExtConfig.from_options({"pass_cost": "1,2"})
+
+
+# ----- on SGLang's real scheduler -----
+
+
+@pytest.fixture(scope="module")
+def mixed(replay: ModuleType) -> ModuleType:
+    """bench/mixed_replay.py, which imports bench/schedule_replay.py (loaded by `replay`)."""
+    path = REPLAY_PATH.parent / "mixed_replay.py"
+    spec = importlib.util.spec_from_file_location("mixed_replay", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def small_mixed(mixed: ModuleType) -> list:
+    """Two 16K prompts, 0.5 s apart, among ten short ones (stock: shorts' TTFT p50 ~430 ms)."""
+    return mixed.mixed(long_n=2, long_tokens=16384, long_every_ms=500, short_n=10, short_rate=10.0, seed=3)
+
+
+BUDGET = ("--prefill-ext-pass-budget-ms", "60")
+
+
+@ported("pass_budget_ms")
+@pytest.mark.parametrize("overlap", [False, True])
+def test_short_requests_stop_waiting_for_the_long_prefill(
+    replay: ModuleType, mixed: ModuleType, overlap: bool
+) -> None:
+    arrivals = small_mixed(mixed)
+    common = {"chunked_prefill_size": 4096, "overlap": overlap, "pool_tokens": 1 << 17}
+    stock = mixed.run_timed(arrivals, replay.ReplayConfig(ext=False, **common), COST, check_kv=True)
+    ext = mixed.run_timed(
+        arrivals, replay.ReplayConfig(ext=True, extra_args=BUDGET, **common), COST, check_kv=True
+    )
+    assert stock.kv_errors == [] and ext.kv_errors == []
+    assert len(ext.ttft_ms) == len(stock.ttft_ms) == len(arrivals)
+    assert ext.prefill_tokens == stock.prefill_tokens  # the same work, in another order
+    stock_short, ext_short = sorted(stock.group_ttfts("short")), sorted(ext.group_ttfts("short"))
+    assert ext_short[len(ext_short) // 2] * 2 < stock_short[len(stock_short) // 2]  # ~2.4x / 3.7x
+    assert max(ext_short) < max(stock_short)
+
+
+@ported("pass_budget_ms", "pass_log")
+def test_budgeted_passes_cap_the_long_chunk_and_are_logged(
+    replay: ModuleType, mixed: ModuleType, tmp_path: Path
+) -> None:
+    arrivals = small_mixed(mixed)
+    passes, requests = tmp_path / "passes.jsonl", tmp_path / "requests.jsonl"
+    extra = (*BUDGET, "--prefill-ext-pass-log", str(passes), "--prefill-ext-log", str(requests))
+    config = replay.ReplayConfig(ext=True, chunked_prefill_size=4096, pool_tokens=1 << 17, extra_args=extra)
+    result = mixed.run_timed(arrivals, config, COST, check_kv=True)
+    assert result.kv_errors == []
+    records = [json.loads(line) for line in passes.read_text().splitlines()]
+    assert len(records) == result.passes
+    budgeted = [r for r in records if r["budgeted"]]
+    assert budgeted, "the trace must budget passes"
+    for r in budgeted:
+        assert sum(new for new, _, _ in r["reqs"]) <= r["chunk"]
+        # Within the budget, unless the long prompt's minimum chunk (512) or one short alone overflows it.
+        if r["predicted_ms"] > 60.0:
+            assert any(new <= 512 for new, _, chunked in r["reqs"] if chunked) or len(r["reqs"]) == 1
+    # Some pass carries short requests beside a shortened chunk of a long prompt.
+    assert any(len(r["reqs"]) > 1 and any(chunked for _, _, chunked in r["reqs"]) for r in budgeted)
+    lines = {r["rid"]: r for r in map(json.loads, requests.read_text().splitlines())}
+    assert set(lines) == {a.req.rid for a in arrivals}
+    assert sum(lines[f"long{i}"]["budgeted_chunks"] for i in range(2)) > 0
+    assert all(r["queue_passes"] >= 0 for r in lines.values())
