@@ -170,10 +170,13 @@ class PrefillExtConfig:
     pass_budget_ms: float = _option(
         0.0,
         "Short requests first: while short requests arrive (one seen within --prefill-ext-short-window-s), "
-        "every prefill pass is sized to this predicted forward time (--prefill-ext-pass-cost); a waiting "
-        "request that fits in one such pass goes ahead of longer ones and rides the next pass, and a long "
-        "prompt's chunk takes the rest of the budget (at least --prefill-ext-min-long-chunk tokens). "
-        "0: off (SGLang's chunk size every pass).",
+        "every prefill pass is sized to this predicted forward time (--prefill-ext-pass-cost); waiting short "
+        "requests go ahead of longer ones and ride the next pass (as many as fit in the budget, at least one), "
+        "and a long prompt's chunk takes the rest of the budget (at least --prefill-ext-min-long-chunk "
+        "tokens). 0: off (SGLang's chunk size every pass).",
+    )
+    short_max_tokens: int = _option(
+        4096, "Short requests first: a waiting request with at most this many uncached tokens is short."
     )
     short_window_s: float = _option(
         1.0,

@@ -67,6 +67,7 @@ class PrefillExtScheduler:
         )
         self.short_first = ShortFirst(
             config.pass_budget_ms,
+            config.short_max_tokens,
             config.short_window_s,
             config.min_long_chunk,
             page_size,

@@ -5,10 +5,11 @@ budget (`--chunked-prefill-size`), so a short request that arrives meanwhile wai
 remaining chunk of it. A smaller chunk size alone does not help: the long request still takes the
 whole (smaller) budget of every pass until it is done.
 
-Here, while short requests arrive (one was seen within `window_s`), every pass is sized to a
-latency budget from a cost model of forward time, not a token count (Sarathi-Serve's idea): waiting
-short requests go first in the queue and ride the next pass, and the long prompt's chunk takes what
-the budget leaves, never less than `min_long_tokens` (so it keeps progressing). With SGLang's
+Here, while short requests (at most `short_max_tokens` uncached tokens) arrive (one was seen within
+`window_s`), every pass is sized to a latency budget from a cost model of forward time, not a token
+count (Sarathi-Serve's idea): waiting short requests go first in the queue and ride the next pass,
+and the long prompt's chunk takes what the budget leaves, never less than `min_long_tokens` (so it
+keeps progressing). With SGLang's
 overlap scheduler a request that arrives while pass k runs is admitted to pass k + 2 (k + 1 was
 formed before it arrived), so its time to first token is about half a pass plus two passes.
 Without short traffic every pass keeps the stock chunk size.
@@ -96,12 +97,14 @@ class ShortFirst:
     def __init__(
         self,
         budget_ms: float,
+        short_max_tokens: int,
         window_s: float,
         min_long_tokens: int,
         page_size: int,
         cost: PassCost | None = None,
     ) -> None:
         self.budget_ms = budget_ms
+        self.short_max_tokens = short_max_tokens
         self.window_s = window_s
         self.min_long_tokens = max(min_long_tokens, page_size)
         self.page_size = page_size
@@ -114,15 +117,14 @@ class ShortFirst:
         return self.budget_ms > 0
 
     def is_short(self, need: Need) -> bool:
-        """Fits in one pass of the budget on its own."""
-        return self.cost.fixed_ms + self.cost.variable_ms(need.tokens, need.context) <= self.budget_ms
+        return need.tokens <= self.short_max_tokens
 
     def select(
         self, waiting: MutableSequence[Hashable], need: Callable[[Hashable], Need], now: float
     ) -> list[Need]:
-        """Within short traffic, move the waiting short requests that fit in one pass together (the
-        first always) to the front of `waiting`, keeping their order; returns their needs. Seeing a
-        short request starts or extends the short-traffic window."""
+        """Move the waiting short requests that fit in one pass of the budget together (the first
+        always) to the front of `waiting`, keeping their order; returns their needs. Seeing a short
+        request starts or extends the short-traffic window."""
         if not self.enabled:
             return []
         needs = [(item, need(item)) for item in waiting]

@@ -34,22 +34,24 @@ def test_pass_cost_parses_and_refuses() -> None:
 
 
 def policy(budget_ms: float = 100.0, window_s: float = 1.0, min_long: int = 512) -> ShortFirst:
-    return ShortFirst(budget_ms, window_s, min_long, page_size=1)
+    return ShortFirst(budget_ms, 4096, window_s, min_long, page_size=1)
 
 
 def test_select_moves_the_shorts_that_fit_ahead_in_order() -> None:
     needs = {"long": Need(32768, 0), "s1": Need(1500, 0), "doc-q": Need(100, 16384), "s2": Need(3000, 0)}
-    waiting = ["long", "s1", "doc-q", "s2"]
+    needs["next-doc"] = Need(16484, 0)
+    waiting = ["long", "s1", "doc-q", "next-doc", "s2"]
     chosen = policy().select(waiting, needs.__getitem__, now=0.0)
     # s1 (34 ms) + doc-q (3.7 ms) fit in 95 ms of variable time; s2 (70 ms) would not.
-    assert waiting == ["s1", "doc-q", "long", "s2"]
+    assert waiting == ["s1", "doc-q", "long", "next-doc", "s2"]
     assert chosen == [needs["s1"], needs["doc-q"]]
 
 
-def test_a_short_that_alone_overflows_the_budget_is_not_short() -> None:
-    waiting = ["a", "b"]
-    assert policy(budget_ms=20).select(waiting, lambda _: Need(1000, 0), now=0.0) == []
-    assert waiting == ["a", "b"]
+def test_one_short_request_rides_even_when_it_alone_overflows_the_budget() -> None:
+    waiting = ["long", "a", "b"]
+    needs = {"long": Need(32768, 0), "a": Need(1000, 0), "b": Need(1000, 0)}
+    assert policy(budget_ms=20).select(waiting, needs.__getitem__, now=0.0) == [needs["a"]]
+    assert waiting == ["a", "long", "b"]
 
 
 def test_disabled_policy_changes_nothing() -> None:
