@@ -83,6 +83,7 @@ class PrefillExtScheduler:
         self._budgeted_chunks: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
         self._plan = PassPlan(0)
         self._shorts: list[Need] = []
+        self._chunk_continues = False  # this pass capped SGLang's chunked request, which continues
         self._adder: Adder | None = None
         self._tracked = 0
         self._waiting: list[Req] = []
@@ -119,6 +120,7 @@ class PrefillExtScheduler:
         """In place of `SchedulePolicy.calc_priority` (`stock`: that version's further arguments)."""
         self.runner.begin_pass(waiting_queue, self.landed)
         self._adder, self._tracked, self._waiting = None, 0, waiting_queue
+        self._chunk_continues = False
         if self.schedule == "stock":
             self.policy.calc_priority(waiting_queue, running_batch, **stock)
         else:
@@ -173,9 +175,11 @@ class PrefillExtScheduler:
         rest = adder.rem_chunk_tokens - cap
         adder.rem_chunk_tokens = cap
         try:
-            return adder.add_chunked_req(req)
+            left = adder.add_chunked_req(req)
         finally:
             adder.rem_chunk_tokens += rest
+        self._chunk_continues = left is not None
+        return left
 
     def _touch(self, req: Req) -> None:
         self.tree_cache.tree.touch(req.last_node)
@@ -188,8 +192,13 @@ class PrefillExtScheduler:
         return (tree.epoch, tree.counters.evicted_tokens, node, node.alive, len(node.children))
 
     def defer(self, req: Req, adder: Adder) -> bool:
-        """True when `req`'s next uncached pages are being computed by an admitted request."""
+        """True when `req` waits this pass: its next uncached pages are being computed by an admitted
+        request, or SGLang's chunked request continues after a capped chunk and `req` would not fit
+        whole in the budget left (SGLang chunks one request at a time)."""
         self._track(adder)
+        if self._chunk_continues and adder.rem_chunk_tokens is not None:
+            if len(req.full_untruncated_fill_ids) - len(req.prefix_indices) > adder.rem_chunk_tokens:
+                return True
         return self.runner.should_defer(req, self.position(req, len(req.full_untruncated_fill_ids)))
 
     def admitted(self, adder: Adder) -> None:

@@ -155,3 +155,37 @@ def test_budgeted_passes_cap_the_long_chunk_and_are_logged(
     assert set(lines) == {a.req.rid for a in arrivals}
     assert sum(lines[f"long{i}"]["budgeted_chunks"] for i in range(2)) > 0
     assert all(r["queue_passes"] >= 0 for r in lines.values())
+
+
+@ported("pass_budget_ms")
+@pytest.mark.parametrize("overlap", [False, True])
+def test_concurrent_long_prompts_and_large_shorts_keep_one_chunked_request(
+    replay: ModuleType, mixed: ModuleType, overlap: bool
+) -> None:
+    """Long prompts arriving together (RAG documents) and short requests too large for what a capped
+    chunk leaves: SGLang 0.5.17 chunks one request at a time (it asserts so), the runner must not make
+    it chunk a second one; every request finishes, KV accounting exact."""
+    rng = replay.random.Random(11)
+    docs = [replay._tokens(rng, 9000) for _ in range(3)]
+    arrivals = [
+        mixed.Arrival(0.0, replay.TraceReq(f"doc{d}", tuple(docs[d] + [5])), "long") for d in range(3)
+    ]
+    arrivals += [
+        mixed.Arrival(
+            30.0 * i,
+            replay.TraceReq(f"q{i}", tuple(docs[i % 3] + replay._tokens(rng, 100 + 400 * (i % 9)))),
+            "short",
+        )
+        for i in range(1, 16)
+    ]
+    arrivals += [
+        mixed.Arrival(45.0 * i, replay.TraceReq(f"s{i}", tuple(replay._tokens(rng, 3000 + 97 * i))), "short")
+        for i in range(1, 8)
+    ]
+    arrivals.sort(key=lambda a: a.ms)
+    config = replay.ReplayConfig(
+        ext=True, chunked_prefill_size=4096, overlap=overlap, pool_tokens=1 << 17, extra_args=BUDGET
+    )
+    result = mixed.run_timed(arrivals, config, COST, check_kv=True)
+    assert result.kv_errors == []
+    assert len(result.ttft_ms) == len(arrivals)
