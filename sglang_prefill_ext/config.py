@@ -40,7 +40,8 @@ class PrefillExtConfig:
     )
     sparse: bool = _option(
         False,
-        "Block-sparse attention for long extend batches (FlashInfer); decode and short prompts stay dense.",
+        "Block-sparse attention (FlashInfer's kernels over the KV pool) for long extend batches, on the "
+        "flashinfer or fa3 attention backend; decode and short prompts keep the backend's own attention.",
     )
     sparse_scorer: str = _option(
         "hybrid",
@@ -75,9 +76,10 @@ class PrefillExtConfig:
     )
     sparse_max_density: float = _option(
         0.6,
-        "With --prefill-ext-dense: when the first sparse layer's layout keeps more than this fraction of its "
-        "causal key blocks, the batch runs on the dense path instead (FlashInfer's block-sparse kernel "
-        "costs about 1.5 x density of the dense FA3 pass on the H200); 1 keeps every layout sparse.",
+        "When the first sparse layer's layout keeps more than this fraction of its causal key blocks, the "
+        "batch declines: that layer and the later ones run the attention backend's own dense prefill "
+        "(FlashInfer's block-sparse kernel costs about 1.3 x density of a dense pass on the H200, so a denser "
+        "layout would not pay); 1 keeps every layout sparse.",
     )
     sparse_dense_layers: int = _option(2, "The first N layers always run dense attention.")
     sparse_block_size: int = _option(128, "Tokens per query/key block of the sparse layout.")
@@ -98,31 +100,6 @@ class PrefillExtConfig:
         "Pooled scorer: keep each full key block's pooled key next to the KV cache so cached prefixes are "
         "never rescored.",
     )
-    cascade: bool = _option(
-        False,
-        "Shared-prefix cascade attention (FlashInfer) for extend batches whose requests start with the same "
-        "cached KV: all new tokens attend to the shared prefix in one pass, merged by log-sum-exp with each "
-        "request's own context; chosen per batch by a cost rule, stock attention otherwise.",
-    )
-    cascade_min_shared: int = _option(
-        1024, "Cascade only when at least two requests share at least this many cached prefix tokens."
-    )
-    cascade_min_speedup: float = _option(
-        1.1,
-        "Cascade only when the cost rule (ops/cascade_rule.py, constants measured on the H200) predicts "
-        "at least this attention speed-up over stock; 0 takes cascade for every eligible batch.",
-    )
-    dense: bool = _option(
-        False,
-        "Gathered dense prefill (FlashInfer): an extend batch with a request bringing "
-        "--prefill-ext-dense-min-extend new tokens attends each request's new tokens to its whole context "
-        "in one causal ragged (FA3 on Hopper) pass over K/V gathered from the pool, instead of stock's "
-        "paged FA2 pass over the cached prefix; such batches run without a prefill CUDA graph.",
-    )
-    dense_min_extend: int = _option(
-        1024, "Gathered dense prefill only for batches with a request bringing at least this many new tokens."
-    )
-
     schedule: str = _option(
         "auto",
         "Prefill queue order: 'lpm-aging' (longest cached prefix first, a request re-matched only when the "

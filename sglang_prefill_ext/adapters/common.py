@@ -51,25 +51,38 @@ def validate_server_args(
             flags = ", ".join(f"--prefill-ext-{k.replace('_', '-')}" for k in server_args.prefill_ext_options)
             raise ValueError(f"{flags} given without {config.ENABLE_FLAG}")
         return
-    options = config.PrefillExtConfig.from_options(server_args.prefill_ext_options)
+    config.PrefillExtConfig.from_options(server_args.prefill_ext_options)  # refuses bad values
     unported = sorted(set(server_args.prefill_ext_options or ()) - ported) if ported is not None else []
     if unported:
         flags = ", ".join(f"--prefill-ext-{name.replace('_', '-')}" for name in unported)
         raise ValueError(f"{flags}: not available on SGLang {version} yet")
     found = [text for name, text in conflicts.items() if getattr(server_args, name, None)]
-    for name, on in (("sparse", options.sparse), ("cascade", options.cascade), ("dense", options.dense)):
-        if on and "flashinfer" not in _attention_backends(server_args):
-            found.append(
-                f"--prefill-ext-{name} without --attention-backend flashinfer (the path is FlashInfer's)"
-            )
     if found:
         raise ValueError(f"{config.ENABLE_FLAG} cannot be combined with: {'; '.join(found)}")
 
 
-def _attention_backends(server_args: Any) -> set[str | None]:
-    """The explicitly chosen backends that would run prefill attention."""
-    prefill = getattr(server_args, "prefill_attention_backend", None)
-    return {prefill} if prefill else {getattr(server_args, "attention_backend", None)}
+def validate_attention_backend(server_args: Any, backends: tuple[str, ...]) -> None:
+    """Refuse `--prefill-ext-sparse` when the backend that runs prefill attention is not one the version's
+    hooks subclass (`backends`). Unresolved (no backend given, SGLang has not picked its default yet):
+    nothing to check."""
+    if not server_args.enable_prefill_ext:
+        return
+    backend = prefill_attention_backend(server_args)
+    if backend is None or backend in backends:
+        return
+    if config.PrefillExtConfig.from_options(server_args.prefill_ext_options).sparse:
+        raise ValueError(
+            f"--prefill-ext-sparse needs the {' or '.join(backends)} attention backend; this server's "
+            f"prefill runs on {backend} (choose one with --attention-backend)"
+        )
+
+
+def prefill_attention_backend(server_args: Any) -> str | None:
+    """The backend that runs prefill attention (`--prefill-attention-backend`, else `--attention-backend`;
+    after `ServerArgs` resolution, the one SGLang picked)."""
+    return getattr(server_args, "prefill_attention_backend", None) or getattr(
+        server_args, "attention_backend", None
+    )
 
 
 def validate_token_ids(

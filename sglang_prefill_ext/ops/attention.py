@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from .plan import PlanIndices, one_segment_indices
-from .plan_options import plan_options
 
 
 def to_head_major(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -87,7 +86,10 @@ class BlockSparsePrefill:
             head_dim,
             1,
             causal=True,
-            **plan_options(dtype, sm_scale, logits_soft_cap),
+            sm_scale=sm_scale,
+            logits_soft_cap=logits_soft_cap or None,  # FlashInfer spells "no soft cap" None
+            q_data_type=dtype,
+            kv_data_type=dtype,
         )
 
     def _plan_direct(self, indices: PlanIndices, group: int, head_dim: int) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from sglang_prefill_ext.adapters import common
 
 if TYPE_CHECKING:
-    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
     from sglang.srt.mem_cache.registry import TreeCacheBuildContext
@@ -26,11 +26,21 @@ extension_enabled = common.extension_enabled
 # 0.5.17 adds no conflicts of its own to the common ones, and serves every option.
 CONFLICTING_FLAGS = common.conflicting_flags()
 PORTED_OPTIONS = None
+# The prefill attention backends the extension subclasses (`create_attention_backend`).
+ATTENTION_BACKENDS = ("flashinfer", "fa3")
 
 
 def validate_server_args(server_args: ServerArgs) -> None:
-    """Refuse, before any model loads, a configuration the extension cannot serve correctly."""
+    """Refuse, before any model loads, a configuration the extension cannot serve correctly (at the
+    start of `ServerArgs.__post_init__`: an attention backend given by flag is checked here)."""
     common.validate_server_args(server_args, CONFLICTING_FLAGS, PORTED_OPTIONS, "0.5.17")
+    common.validate_attention_backend(server_args, ATTENTION_BACKENDS)
+
+
+def validate_resolved_server_args(server_args: ServerArgs) -> None:
+    """The same for what `ServerArgs.__post_init__` resolved (at its end, before any model loads): the
+    attention backend SGLang picked when none was given (fa3 for MHA models on Hopper)."""
+    common.validate_attention_backend(server_args, ATTENTION_BACKENDS)
 
 
 def build_tree_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
@@ -39,10 +49,13 @@ def build_tree_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     return build(ctx)
 
 
-def create_attention_backend(runner: ModelRunner) -> FlashInferAttnBackend:
-    """The non-MLA FlashInfer backend under the flag: sparse prefill if `--prefill-ext-sparse`."""
-    from sglang_prefill_ext.adapters.v0_5_17.attention import create_backend
-
+def create_attention_backend(runner: ModelRunner, name: str) -> AttentionBackend:
+    """The non-MLA FlashInfer backend or the fa3 backend (`name`, one of ATTENTION_BACKENDS) under the
+    flag: the extension's subclass if `--prefill-ext-sparse`, else SGLang's own."""
+    if name == "fa3":
+        from sglang_prefill_ext.adapters.v0_5_17.flashattention import create_backend
+    else:
+        from sglang_prefill_ext.adapters.v0_5_17.flashinfer import create_backend
     return create_backend(runner)
 
 

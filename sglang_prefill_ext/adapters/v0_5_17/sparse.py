@@ -1,0 +1,152 @@
+"""Block-sparse prefill as an extend path of SGLang 0.5.17's FlashInfer and fa3 backends.
+
+A plain extend batch with a request of at least `sparse_min_len` tokens (prefix + new) that brings at
+least `sparse_min_extend` new ones goes sparse (a cache hit over a long prefix is not worth a plan):
+its first `sparse_dense_layers` layers run the backend's own attention; every later layer writes its K/V
+to the pool as the backend does, then attends over the pool through the block-sparse layout (prefix and
+chunk alike, see `sglang_prefill_ext.ops.layout`) on FlashInfer's paged prefill kernel. The pool is the
+same for both backends (`[slots, Hkv, D]` per layer, slots from `req_to_token`), whatever the page size.
+By default every sparse layer scores and plans its own layout; with `sparse_per_layer` off the first
+sparse layer's layout is shared by all later layers.
+
+A layout that keeps more than `sparse_max_density` of its causal blocks at the first sparse layer would
+not beat a dense pass (FlashInfer's block-sparse kernel costs about 1.3 x density of one): the batch is
+declined there and runs the backend's own attention from that layer on.
+
+Observability: at INFO, one log line per sparse forward with the kept-block density of its layout (one
+host read-back per forward, after its first sparse layer).
+
+Key summaries (pooled and hybrid scorers): the pooled key of every full block is kept per KV slot
+(`KeySummaryCache`), written when a sparse forward completes the block and forgotten as soon as its first
+KV slot is written again: the model runner calls `release_kv_slots(out_cache_loc)` before every forward
+(the patched `_forward_raw`), eager or replayed. A stale summary can only mis-steer block selection,
+never the attention arithmetic over kept blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+from sglang_prefill_ext.adapters.v0_5_17.extend_path import BatchLens, ExtendHost, ExtendPath
+from sglang_prefill_ext.config import PrefillExtConfig
+from sglang_prefill_ext.ops import (
+    BlockLayout,
+    BlockSparsePrefill,
+    KeySummaryCache,
+    SparsePrefill,
+    SparseSettings,
+    context_locs,
+)
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+logger = logging.getLogger(__name__)
+
+
+def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
+    return SparseSettings(
+        block_size=config.sparse_block_size,
+        scorer=config.sparse_scorer,
+        mass=config.sparse_mass,
+        samples=config.sparse_samples,
+        threshold=config.sparse_threshold,
+        sink_blocks=config.sparse_sink_blocks,
+        local_blocks=config.sparse_local_blocks,
+        last_blocks=config.sparse_last_blocks,
+    )
+
+
+def key_summaries(
+    config: PrefillExtConfig, host: ExtendHost, device: torch.device | str
+) -> KeySummaryCache | None:
+    """The per-slot pooled-key cache the pooled and hybrid scorers read, if `sparse_summaries` is on."""
+    if not config.sparse_summaries or config.sparse_scorer == "sampled":
+        return None
+    pool = host.token_to_kv_pool
+    scoring_layers = max(1, pool.layer_num - config.sparse_dense_layers) if config.sparse_per_layer else 1
+    return KeySummaryCache(
+        pool.size + pool.page_size,
+        scoring_layers,
+        pool.head_num,
+        pool.head_dim,
+        config.sparse_block_size,
+        device,
+    )
+
+
+class SparseExtend(ExtendPath):
+    def __init__(self, host: ExtendHost, config: PrefillExtConfig, sparse: SparsePrefill) -> None:
+        super().__init__(host)
+        self._config = config
+        self._first_layer = host.token_to_kv_pool.start_layer + config.sparse_dense_layers
+        self.sparse = sparse
+
+    @classmethod
+    def build(
+        cls, host: ExtendHost, config: PrefillExtConfig, workspace: torch.Tensor, device: torch.device | str
+    ) -> SparseExtend:
+        """The path over `host`'s KV pool; `workspace`: FlashInfer's float workspace for the plans."""
+        attention = BlockSparsePrefill(workspace)
+        return cls(
+            host,
+            config,
+            SparsePrefill(sparse_settings(config), attention, key_summaries(config, host, device)),
+        )
+
+    def release_kv_slots(self, locs: torch.Tensor) -> None:
+        """Forget key summaries whose block starts at one of these KV slots (freed or rewritten)."""
+        if self.sparse.summaries is not None and locs.numel():
+            self.sparse.summaries.release(locs)
+
+    def _takes(self, lens: BatchLens) -> bool:
+        config = self._config
+        return any(
+            prefix + new >= config.sparse_min_len and new >= config.sparse_min_extend
+            for prefix, new in zip(lens.prefix, lens.extend, strict=True)
+        )
+
+    def _begin(self, forward_batch: ForwardBatch, lens: BatchLens) -> None:
+        layout = BlockLayout.build(
+            lens.prefix, lens.extend, self._config.sparse_block_size, forward_batch.req_pool_indices.device
+        )
+        req_to_token = self._host.req_to_token_pool.req_to_token
+        self.sparse.begin(layout, context_locs(layout, req_to_token, forward_batch.req_pool_indices))
+
+    def _takes_layer(self, layer: RadixAttention) -> bool:
+        return layer.layer_id >= self._first_layer
+
+    def _attend(
+        self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, layer: RadixAttention
+    ) -> torch.Tensor | None:
+        """Block-sparse attention of one layer; None when the first sparse layer's layout keeps more than
+        `sparse_max_density` of its causal blocks."""
+        config = self._config
+        per_layer = config.sparse_per_layer
+        first = layer.layer_id == self._first_layer
+        if per_layer or not self.sparse.planned:
+            planned = self.sparse.select_and_plan(
+                q,
+                k_buffer,
+                layer.scaling,
+                summary_layer=layer.layer_id - self._first_layer if per_layer else 0,
+                logits_soft_cap=layer.logit_cap,
+                max_density=config.sparse_max_density if first else 1.0,
+            )
+            if first and logger.isEnabledFor(logging.INFO):
+                layout = self.sparse.layout
+                logger.info(
+                    "prefill-ext sparse: %d requests, %d new tokens, %d key blocks, density %.3f%s",
+                    layout.req_ctx_len.numel(),
+                    layout.num_tokens,
+                    layout.num_key_blocks,
+                    self.sparse.density(),
+                    "" if planned else " > --prefill-ext-sparse-max-density: the backend's dense prefill",
+                )
+            if not planned:
+                return None
+        return self.sparse.attention.run(q, k_buffer, v_buffer)
