@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -59,14 +60,20 @@ PORTED = adapters.current("hooks").PORTED_OPTIONS
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("sparse", "true"), ("cascade", "true"), ("dedup", "false"), ("schedule", "stock"), ("log", "x.jsonl")],
+    [
+        ("sparse", "true"),
+        ("sparse_min_len", "4096"),
+        ("dedup", "false"),
+        ("schedule", "stock"),
+        ("log", "x.jsonl"),
+    ],
 )
 def test_options_not_ported_to_this_version_refused(
     sglang_harness: ModuleType, option: str, value: str
 ) -> None:
     if PORTED is None or option in PORTED:
         pytest.skip(f"--prefill-ext-{option} is served by this SGLang version")
-    flag = f"--prefill-ext-{option}"
+    flag = f"--prefill-ext-{option.replace('_', '-')}"
     with pytest.raises(ValueError, match=f"{flag}: not available on SGLang"):
         sglang_harness.parse_server_args(
             "--enable-prefill-ext", flag, value, "--attention-backend", "flashinfer"
@@ -85,15 +92,63 @@ def test_scheduler_runner_options_served_on_every_version(
     assert args.prefill_ext_options == {option: parsed}
 
 
-@pytest.mark.parametrize("path", ["sparse", "cascade"])
-def test_attention_paths_need_the_flashinfer_backend(sglang_harness: ModuleType, path: str) -> None:
-    if PORTED is not None and path not in PORTED:
-        pytest.skip(f"--prefill-ext-{path} is not served by this SGLang version")
-    flag = f"--prefill-ext-{path}"
-    with pytest.raises(ValueError, match=f"{flag} without --attention-backend flashinfer"):
-        sglang_harness.parse_server_args("--enable-prefill-ext", flag)
-    args = sglang_harness.parse_server_args("--enable-prefill-ext", flag, "--attention-backend", "flashinfer")
-    assert args.prefill_ext_options == {path: True}
+SPARSE_BACKENDS = getattr(adapters.current("hooks"), "ATTENTION_BACKENDS", ())
+CONFIG_ONLY_MODEL = str(Path(__file__).resolve().parents[2] / "bench" / "models" / "llama3-8b-dummy")
+
+
+def _skip_unless_sparse_is_served() -> None:
+    if PORTED is not None and "sparse" not in PORTED:
+        pytest.skip("--prefill-ext-sparse is not served by this SGLang version")
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "fa3"])
+def test_sparse_runs_on_the_flashinfer_and_fa3_backends(sglang_harness: ModuleType, backend: str) -> None:
+    _skip_unless_sparse_is_served()
+    args = sglang_harness.parse_server_args(
+        "--enable-prefill-ext", "--prefill-ext-sparse", "--attention-backend", backend
+    )
+    assert args.prefill_ext_options == {"sparse": True}
+    assert backend in SPARSE_BACKENDS
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--attention-backend", "triton"),
+        ("--attention-backend", "flashinfer", "--prefill-attention-backend", "triton"),
+    ],
+)
+def test_sparse_on_another_prefill_backend_refused(sglang_harness: ModuleType, argv: tuple[str, ...]) -> None:
+    _skip_unless_sparse_is_served()
+    with pytest.raises(
+        ValueError,
+        match="--prefill-ext-sparse needs the flashinfer or fa3 attention backend; "
+        "this server's prefill runs on triton",
+    ):
+        sglang_harness.parse_server_args("--enable-prefill-ext", "--prefill-ext-sparse", *argv)
+    # the backend alone is no reason to refuse the extension
+    assert sglang_harness.parse_server_args("--enable-prefill-ext", *argv).enable_prefill_ext
+
+
+@pytest.mark.parametrize(("hopper", "picked"), [(True, "fa3"), (False, "triton")])
+def test_sparse_checked_against_the_backend_sglang_picks(
+    sglang_harness: ModuleType, monkeypatch: pytest.MonkeyPatch, hopper: bool, picked: str
+) -> None:
+    """No backend flag: SGLang's own `_get_default_attn_backend` picks one at the end of `__post_init__`
+    (fa3 for a Llama on Hopper; on this CUDA-less box without the probe, triton) and validation sees it.
+    The Hopper probe stands in for the H200."""
+    _skip_unless_sparse_is_served()
+    import sglang.srt.server_args as server_args_module
+
+    monkeypatch.setattr(server_args_module, "is_hopper_with_cuda_12_3", lambda: hopper)
+    model = ("--model-path", CONFIG_ONLY_MODEL, "--device", "cuda")
+    assert sglang_harness.parse_server_args(*model).attention_backend == picked
+    argv = (*model, "--enable-prefill-ext", "--prefill-ext-sparse")
+    if picked in SPARSE_BACKENDS:
+        assert sglang_harness.parse_server_args(*argv).prefill_ext_options == {"sparse": True}
+    else:
+        with pytest.raises(ValueError, match=f"prefill runs on {picked}"):
+            sglang_harness.parse_server_args(*argv)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
