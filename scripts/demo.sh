@@ -16,7 +16,7 @@ PYTHON=$PY scripts/apply_patch.sh status
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "== CUDA found: stock vs extension servers, TTFT harness (bench/gpu/run_ab.sh)"
   INSTALL=0 VARIANTS=${VARIANTS:-"stock ext"} WORKLOADS=${WORKLOADS:-baseline,burst} PRESSURE=${PRESSURE:-0} \
-    EXT_ARGS=${EXT_ARGS:-"--enable-prefill-ext --prefill-ext-dense"} \
+    EXT_ARGS=${EXT_ARGS:-"--enable-prefill-ext"} \
     PY=$PY bash bench/gpu/run_ab.sh
 else
   echo "== no CUDA: the same request traces through stock SGLang's scheduler and the extension's (CPU)"

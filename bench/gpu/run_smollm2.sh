@@ -12,9 +12,11 @@
 # Results in $OUT: greedy-<variant>.jsonl, greedy-compare.txt/.json, accuracy.json/.log, env.txt, and
 # smollm2-logs.tar.gz (server logs, patch CLI output).
 #
-# Environment [defaults]: VARIANTS ["off ext ext_dense stock"]; EXT_ARGS_ext [--enable-prefill-ext];
-#   EXT_ARGS_ext_dense [--enable-prefill-ext --prefill-ext-dense]; SERVER_ARGS [FlashInfer, chunked
-#   prefill 1024, mem 0.3, context 8192]; ACCURACY=0 skips step 2; BUDGET_S [540]; HF, PARTS, OUT, PORT.
+# Environment [defaults]: VARIANTS ["off ext stock"]; EXT_ARGS_ext [--enable-prefill-ext] (any ext*
+#   variant takes EXT_ARGS_<name>); ATTENTION_BACKEND [empty: the server's default, fa3 on Hopper;
+#   e.g. flashinfer]; SERVER_ARGS [chunked prefill 1024, mem 0.3, context 8192, plus
+#   --attention-backend $ATTENTION_BACKEND when set]; ACCURACY=0 skips step 2; BUDGET_S [540]; HF,
+#   PARTS, OUT, PORT. env.txt records the attention backend each variant's server resolved.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -29,10 +31,10 @@ PARTS=${PARTS:-/tmp/smollm2-parts}
 MODEL=$HF
 PORT=${PORT:-30000}
 URL="http://127.0.0.1:$PORT"
-VARIANTS=${VARIANTS:-off ext ext_dense stock}
+VARIANTS=${VARIANTS:-off ext stock}
 EXT_ARGS_ext=${EXT_ARGS_ext:---enable-prefill-ext}
-EXT_ARGS_ext_dense=${EXT_ARGS_ext_dense:---enable-prefill-ext --prefill-ext-dense}
-SERVER_ARGS=${SERVER_ARGS:---attention-backend flashinfer --chunked-prefill-size 1024 --mem-fraction-static 0.3 --context-length 8192}
+ATTENTION_BACKEND=${ATTENTION_BACKEND:-}
+SERVER_ARGS=${SERVER_ARGS:---chunked-prefill-size 1024 --mem-fraction-static 0.3 --context-length 8192${ATTENTION_BACKEND:+ --attention-backend $ATTENTION_BACKEND}}
 ACCURACY=${ACCURACY:-1}
 ACCURACY_ARGS=${ACCURACY_ARGS:-}
 WORK=$(mktemp -d /tmp/smollm2-XXXXXX)
@@ -81,6 +83,8 @@ for v in $VARIANTS; do
   read -r -a extra <<<"${!args_name:-}"
   # shellcheck disable=SC2086  # SERVER_ARGS is a flag list
   if ! start_server "$WORK/server-$v.log" $SERVER_ARGS "${extra[@]}"; then continue; fi
+  echo "$v: $(grep -m1 -o "attention_backend='[^']*'" "$WORK/server-$v.log" || echo "attention_backend: not logged")" \
+    | tee -a "$OUT/env.txt"
   $PY bench/greedy_check.py run --url "$URL" --model-dir "$HF" --label "$v" --out "$OUT/greedy-$v.jsonl" \
     && files+=("$OUT/greedy-$v.jsonl")
   stop_server
