@@ -196,9 +196,13 @@ class PrefillExtScheduler:
         request, or SGLang's chunked request continues after a capped chunk and `req` would not fit
         whole in the budget left (SGLang chunks one request at a time)."""
         self._track(adder)
-        if self._chunk_continues and adder.rem_chunk_tokens is not None:
-            if len(req.full_untruncated_fill_ids) - len(req.prefix_indices) > adder.rem_chunk_tokens:
-                return True
+        rem = adder.rem_chunk_tokens
+        if (
+            self._chunk_continues
+            and rem is not None
+            and len(req.full_untruncated_fill_ids) - len(req.prefix_indices) > rem
+        ):
+            return True
         return self.runner.should_defer(req, self.position(req, len(req.full_untruncated_fill_ids)))
 
     def admitted(self, adder: Adder) -> None:
