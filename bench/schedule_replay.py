@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import platform
 import random
 import sys
@@ -40,10 +41,12 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import CacheAwarePolicy, SchedulePolicy
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import RADIX_EVICTION_POLICY_CHOICES, add_radix_eviction_policy_choices
 
 from sglang_prefill_ext import adapters
 from sglang_prefill_ext.adapters.testing_common import ReplaySpec
 from sglang_prefill_ext.config import DEFAULT_EVICTION, EVICTION_POLICIES
+from sglang_prefill_ext.radix.belady import Access, belady
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_CONFIG = REPO / "bench" / "models" / "llama3-8b-dummy"
@@ -56,12 +59,12 @@ VOCAB = 100_000
 
 @dataclasses.dataclass(frozen=True)
 class TraceReq:
-    """A prompt that arrives at iteration `arrival`, or when request `after` finished."""
+    """A prompt that arrives at iteration `arrival`, once every request in `after` finished."""
 
     rid: str
     tokens: tuple[int, ...]
     arrival: int = 0
-    after: str | None = None
+    after: tuple[str, ...] = ()
     max_new_tokens: int = 1
 
 
@@ -98,7 +101,30 @@ def multi_turn(conversations: int, turns: int, system: int, user: int, seed: int
         reqs.append(TraceReq(f"c{c}t0", tuple(prompt)))
         for t in range(1, turns):
             prompt = prompt + [OUTPUT_TOKEN] + _tokens(rng, user)
-            reqs.append(TraceReq(f"c{c}t{t}", tuple(prompt), after=f"c{c}t{t - 1}"))
+            reqs.append(TraceReq(f"c{c}t{t}", tuple(prompt), after=(f"c{c}t{t - 1}",)))
+    return reqs
+
+
+def cyclic_multi_turn(
+    ratio: float, pool: int, turns: int = 4, first: int = 4096, tool: int = 6144, concurrency: int = 2
+) -> list[TraceReq]:
+    """bench/ttft_bench.py's pressure workload: enough conversations for their final contexts to
+    be `ratio` x `pool`, served turn by turn, round-robin, `concurrency` requests at a time (a
+    request starts when the one `concurrency` places before it finished, a turn when the previous
+    one did); turn k+1 = turn k's prompt + its output + `tool` new tokens."""
+    final = first + (turns - 1) * (1 + tool)
+    sessions = max(2, math.ceil(ratio * pool / final))
+    rng = random.Random(7)
+    prompts = [_tokens(rng, first) for _ in range(sessions)]
+    reqs: list[TraceReq] = []
+    for t in range(turns):
+        previous_turn = tuple(r.rid for r in reqs[-sessions:])
+        for s in range(sessions):
+            ahead = (reqs[-concurrency].rid,) if len(reqs) >= concurrency else ()
+            reqs.append(
+                TraceReq(f"s{s}t{t}", tuple(prompts[s]), after=tuple(dict.fromkeys(previous_turn + ahead)))
+            )
+            prompts[s] = prompts[s] + [OUTPUT_TOKEN] + _tokens(rng, tool)
     return reqs
 
 
@@ -120,6 +146,22 @@ def shared_doc_random(
     ]
 
 
+def multi_turn_random(conversations: int, turns: int, first: int, user: int, seed: int = 8) -> list[TraceReq]:
+    """One request per iteration from a conversation drawn at random among the unfinished ones,
+    each turn after the previous one finished (reuse at random distances, recency matters)."""
+    rng = random.Random(seed)
+    prompts = [_tokens(rng, first) for _ in range(conversations)]
+    done = [0] * conversations
+    reqs: list[TraceReq] = []
+    while live := [c for c in range(conversations) if done[c] < turns]:
+        c = rng.choice(live)
+        after = (f"m{c}t{done[c] - 1}",) if done[c] else ()
+        reqs.append(TraceReq(f"m{c}t{done[c]}", tuple(prompts[c]), arrival=len(reqs), after=after))
+        prompts[c] = prompts[c] + [OUTPUT_TOKEN] + _tokens(rng, user)
+        done[c] += 1
+    return reqs
+
+
 TRACES: dict[str, Callable[[], list[TraceReq]]] = {
     "burst-4k": lambda: burst(16, 4096, 256),
     "burst-32k": lambda: burst(16, 32768, 512),
@@ -132,8 +174,13 @@ TRACES: dict[str, Callable[[], list[TraceReq]]] = {
 # Traces whose working set exceeds the eviction table's pools.
 EVICTION_TRACES: dict[str, Callable[[], list[TraceReq]]] = {
     "multi-turn-24x6": lambda: multi_turn(24, 6, 512, 400),
+    "multi-turn-random": lambda: multi_turn_random(12, 6, 2000, 1500),
     "shared-doc-random": lambda: shared_doc_random(8, 64, 6000, 100),
 }
+# The cyclic trace's working set over the pool, and the pool: the H200 pressure phase's
+# (`--mem-fraction-static 0.2`, 8B-shaped model).
+CYCLIC_RATIOS = (1.5, 2.0, 3.0)
+PRESSURE_POOL = 104_438
 
 
 def ideal_prefill_tokens(trace: list[TraceReq], page_size: int = 1) -> int:
@@ -355,7 +402,7 @@ def drive(replay: ReplayScheduler, trace: list[TraceReq], max_steps: int = 100_0
     """Feed `trace` by arrival/dependency and step until all is done; yields each step's index."""
     todo = list(trace)
     for step in range(max_steps):
-        ready = [t for t in todo if t.arrival <= step and (t.after is None or t.after in replay.finished)]
+        ready = [t for t in todo if t.arrival <= step and all(rid in replay.finished for rid in t.after)]
         for t in ready:
             replay.add(t)
             todo.remove(t)
@@ -436,43 +483,81 @@ def stock_lpm_uncut_cost(queue_len: int, length: int, config: ReplayConfig, docs
     return StepCost("stock-lpm, no cutoff (ordering only)", queue_len, *costs)
 
 
-def eviction_rows(pools: list[int], chunked_prefill_size: int) -> list[str]:
-    """Per trace and pool size: prefill tokens, hit rate and recomputed tokens, stock LRU vs each
-    extension eviction policy (same scheduling otherwise: fcfs, dedup and --prefill-ext-protect-waiting
-    on), and the extension's LRU with those off (stock's tree semantics) and with protection off."""
-    lines = [
-        "| trace | pool tokens | tree | prefill tokens | hit rate | recomputed vs ideal |",
-        "|---|---:|---|---:|---:|---:|",
+def admission_order(replay: ReplayScheduler) -> list[str]:
+    """Request ids in the order the scheduler first admitted them."""
+    return list(dict.fromkeys(rid for step in replay.steps for rid, _, _ in step.admitted))
+
+
+def stock_policies() -> list[str]:
+    """The installed SGLang's --radix-eviction-policy choices, lru first, fifo registered through
+    SGLang's own hook (its FIFOStrategy is not offered on the command line)."""
+    if "fifo" not in RADIX_EVICTION_POLICY_CHOICES:
+        add_radix_eviction_policy_choices(["fifo"])
+    return sorted(RADIX_EVICTION_POLICY_CHOICES, key=lambda p: p != "lru")
+
+
+def eviction_variants() -> list[tuple[str, bool, tuple[str, ...]]]:
+    """(label, ext, extra server flags) of the eviction table, stock LRU first."""
+    variants = [(f"stock RadixCache {p}", False, ("--radix-eviction-policy", p)) for p in stock_policies()]
+    unprotected = ("--prefill-ext-eviction", "lru", "--prefill-ext-protect-waiting", "false")
+    variants.append(("ext lru, dedup off, protect off", True, (*unprotected, "--prefill-ext-dedup", "false")))
+    variants.append(("ext lru, protect off", True, unprotected))
+    variants += [
+        (f"ext {p}{' (default)' if p == DEFAULT_EVICTION else ''}", True, ("--prefill-ext-eviction", p))
+        for p in EVICTION_POLICIES
     ]
+    return variants
+
+
+def eviction_cases(
+    pools: list[int], cyclic_pool: int, names: list[str] | None
+) -> Iterator[tuple[str, list[TraceReq], int]]:
+    """(trace name, trace, pool) of the eviction table, the traces named in `names` (default: all)."""
     for name, make in EVICTION_TRACES.items():
-        trace = make()
+        if names is None or name in names:
+            trace = make()
+            yield from ((name, trace, pool) for pool in pools)
+    for ratio in CYCLIC_RATIOS:
+        name = f"cyclic-{ratio:g}x"
+        if names is None or name in names:
+            yield name, cyclic_multi_turn(ratio, cyclic_pool), cyclic_pool
+
+
+def eviction_rows(
+    pools: list[int], chunked_prefill_size: int, cyclic_pool: int, names: list[str] | None = None
+) -> list[str]:
+    """Per trace and pool size: prefill tokens, hit rate and recomputed tokens of stock's policies
+    and the extension's (same scheduling otherwise: fcfs; dedup and --prefill-ext-protect-waiting
+    on unless the label says otherwise), Belady's optimum for the access order of the stock LRU
+    run, and each row's position between stock LRU (0) and that optimum (1)."""
+    lines = [
+        "| trace | pool tokens | tree | prefill tokens | hit rate | recomputed vs ideal | LRU → Belady |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for name, trace, pool in eviction_cases(pools, cyclic_pool, names):
         prompt_tokens = sum(len(t.tokens) for t in trace)
         ideal = ideal_prefill_tokens(trace)
-        for pool in pools:
-            variants = [("stock RadixCache lru", False, ("--radix-eviction-policy", "lru"))]
-            unprotected = ("--prefill-ext-eviction", "lru", "--prefill-ext-protect-waiting", "false")
-            variants.append(
-                ("ext lru, dedup off, protect off", True, (*unprotected, "--prefill-ext-dedup", "false"))
+        rows, lru_order = [], None
+        for label, ext, args in eviction_variants():
+            config = ReplayConfig(
+                ext=ext, pool_tokens=pool, chunked_prefill_size=chunked_prefill_size, extra_args=args
             )
-            variants.append(("ext lru, protect off", True, unprotected))
-            variants += [
-                (
-                    f"ext {p}{' (default)' if p == DEFAULT_EVICTION else ''}",
-                    True,
-                    ("--prefill-ext-eviction", p),
-                )
-                for p in EVICTION_POLICIES
-            ]
-            for label, ext, args in variants:
-                config = ReplayConfig(
-                    ext=ext, pool_tokens=pool, chunked_prefill_size=chunked_prefill_size, extra_args=args
-                )
-                result = replay_trace(name, trace, config)
-                tokens = result.prefill_tokens
-                lines.append(
-                    f"| {name} | {pool:,} | {label} | {tokens:,} | {1 - tokens / prompt_tokens:.3f} | "
-                    f"{tokens - ideal:,} |"
-                )
+            replay = ReplayScheduler(config)
+            for _ in drive(replay, trace):
+                pass
+            lru_order = lru_order or admission_order(replay)
+            rows.append((label, replay.prefill_tokens))
+        by_rid = {t.rid: t for t in trace}
+        accesses = [Access(np.array(by_rid[rid].tokens), len(by_rid[rid].tokens)) for rid in lru_order]
+        rows.append(("Belady (offline optimum, stock LRU's order)", belady(accesses, pool).computed_tokens))
+        lru, best = rows[0][1] - ideal, rows[-1][1] - ideal
+        for label, tokens in rows:
+            recomputed = tokens - ideal
+            position = f"{(lru - recomputed) / (lru - best):.2f}" if lru > best else "-"
+            lines.append(
+                f"| {name} | {pool:,} | {label} | {tokens:,} | {1 - tokens / prompt_tokens:.3f} | "
+                f"{recomputed:,} | {position} |"
+            )
     return lines
 
 
@@ -510,12 +595,27 @@ def main(argv: list[str] | None = None) -> int:
         metavar="TOKENS",
         help="instead of the scheduling tables: the eviction table at these KV pool sizes",
     )
+    parser.add_argument(
+        "--cyclic-pool",
+        type=int,
+        default=PRESSURE_POOL,
+        help="eviction table: the pool of the cyclic traces (sized from it at each of CYCLIC_RATIOS)",
+    )
+    parser.add_argument(
+        "--eviction-trace",
+        action="append",
+        choices=[*EVICTION_TRACES, *(f"cyclic-{r:g}x" for r in CYCLIC_RATIOS)],
+        help="eviction table: only these traces (default: all)",
+    )
     args = parser.parse_args(argv)
     if args.eviction_pools:
         print(
             f"command: python bench/schedule_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}\n"
         )
-        print("\n".join(eviction_rows(args.eviction_pools, args.chunked_prefill_size)))
+        rows = eviction_rows(
+            args.eviction_pools, args.chunked_prefill_size, args.cyclic_pool, args.eviction_trace
+        )
+        print("\n".join(rows))
         return 0
 
     results = []

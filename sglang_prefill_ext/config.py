@@ -16,7 +16,7 @@ from sglang_prefill_ext.runner.short_first import PassCost
 
 OPTIONS_DEST = "prefill_ext_options"
 ENABLE_FLAG = "--enable-prefill-ext"
-EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "cost")
+EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "cost", "reuse")
 # The tree's policy unless one is asked for: it beats or ties LRU on the replay's eviction table.
 DEFAULT_EVICTION = "cost"
 SGLANG_DEFAULT_EVICTION = "lru"  # --radix-eviction-policy's default

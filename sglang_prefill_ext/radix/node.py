@@ -34,6 +34,9 @@ class Node:
         "priority",
         "last_access",
         "created",
+        "last_use",
+        "reuse_interval",
+        "wanted",
         "grid_hashes",
         "alive",
         "id",
@@ -62,6 +65,11 @@ class Node:
         self.priority = priority
         self.last_access = now
         self.created = now
+        # The tree's use clock (requests cached) at the last use, the last gap between two uses
+        # (0: unknown) and at the last match or touch (see eviction.reuse_key).
+        self.last_use = 0
+        self.reuse_interval = 0
+        self.wanted = -1
         self.grid_hashes = NO_HASHES
         self.alive = True
         self.id = next(_ids)

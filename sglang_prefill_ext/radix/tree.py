@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from sglang_prefill_ext.radix.counters import TreeCounters
-from sglang_prefill_ext.radix.eviction import eviction_key
+from sglang_prefill_ext.radix.eviction import TAIL_EVICTING, Clock, ReuseStats, eviction_key
 from sglang_prefill_ext.radix.grid_index import GridIndex
 from sglang_prefill_ext.radix.handle import MatchHandle
 from sglang_prefill_ext.radix.node import Node
@@ -57,6 +57,7 @@ class PrefixTree:
         self.page_size = page_size
         self.eviction = eviction.lower()
         self._eviction_key = eviction_key(self.eviction)
+        self._evict_tails = self.eviction in TAIL_EVICTING
         self.values = values or NumpyValues()
         self._on_split = on_split
         self._hasher = hasher or GridHasher(grid_step(page_size))
@@ -65,6 +66,8 @@ class PrefixTree:
         self.index = GridIndex(self._hasher.step)
         self.counters = TreeCounters()
         self._clock = 0
+        self.uses = 0  # requests cached (inserts that are not a request's own re-insert)
+        self.reuse_stats = ReuseStats()
         self.epoch = 0
         self.reset()
 
@@ -144,6 +147,7 @@ class PrefixTree:
     def insert(self, query: Query, value: Any, priority: int = 0, chunked: bool = False) -> InsertOutcome:
         """Cache `query` -> `value` (one slot per token); returns how much was already cached."""
         access = self._tick()
+        self.uses += 0 if chunked else 1
         # Hashing the whole key costs more than walking it; jump only if a match already hashed it.
         start = self._start(query) if query.has_grid_hashes() else (self.root, 0)
         node, offset = self._descend(query, *start)
@@ -157,7 +161,7 @@ class PrefixTree:
             node.last_access = access
             node = self._split(node, offset)
             node.priority = max(node.priority, priority)
-            node.hit_count += 0 if chunked else 1
+            self._count_use(node, chunked)
         new_leaf = None
         if prefix_len < query.length:
             new_leaf = self._add_leaf(node, query, prefix_len, value, priority, chunked)
@@ -167,8 +171,20 @@ class PrefixTree:
     def _mark_used(self, node: Node, access: int, priority: int, chunked: bool) -> None:
         node.last_access = access
         node.priority = max(node.priority, priority)
+        self._count_use(node, chunked)
+
+    def _count_use(self, node: Node, chunked: bool) -> None:
         # A chunked request re-inserting its own earlier chunks is not a reuse.
-        node.hit_count += 0 if chunked else 1
+        if chunked:
+            return
+        if node.hit_count:
+            interval = self.uses - node.last_use
+            self.reuse_stats.observe(node.reuse_interval, interval)
+            node.reuse_interval = interval
+        else:  # a chunk's node, used for the first time by the request that computed it
+            node.reuse_interval = node.parent.reuse_interval
+        node.last_use = self.uses
+        node.hit_count += 1
 
     def _add_leaf(
         self, parent: Node, query: Query, start: int, value: Any, priority: int, chunked: bool
@@ -183,6 +199,9 @@ class PrefixTree:
             priority,
         )
         leaf.hit_count = 0 if chunked else 1
+        leaf.last_use = self.uses
+        # A new turn of a conversation is reused with the prefix it extends.
+        leaf.reuse_interval = parent.reuse_interval
         parent.children[self._child_key(parent, query, start)] = leaf
         self.index.register(leaf, query, self._hasher.seed(query.namespace))
         self.evictable_tokens += leaf.size
@@ -252,6 +271,7 @@ class PrefixTree:
     def _touch_path(self, node: Node, access: int) -> None:
         while node is not None:
             node.last_access = access
+            node.wanted = self.uses
             node = node.parent
 
     def _split(self, node: Node, offset: int) -> Node:
@@ -268,6 +288,9 @@ class PrefixTree:
             node.priority,
         )
         prefix.hit_count = node.hit_count
+        prefix.last_use = node.last_use
+        prefix.reuse_interval = node.reuse_interval
+        prefix.wanted = node.wanted
         prefix.lock_ref = node.lock_ref
         node.tokens = node.tokens[offset * TOKEN_BYTES :]
         node.value = node.value[offset:]
@@ -318,13 +341,16 @@ class PrefixTree:
 
     def evict(self, num_tokens: int) -> list[Node]:
         """Free at least `num_tokens` (if that much is evictable), leaves first, in policy order."""
-        order, now = self._eviction_key, self._clock
+        order, now = self._eviction_key, Clock(self._clock, self.uses, self.reuse_stats.regular())
         heap = [(order(leaf, now), leaf.id, leaf) for leaf in self.evictable_leaves]
         heapq.heapify(heap)
         evicted: list[Node] = []
         freed = 0
         while freed < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
+            keep = self._kept_head(node, num_tokens - freed)
+            if keep:
+                self._split(node, keep)  # `node` keeps the tail, which goes
             self._remove_leaf(node)
             evicted.append(node)
             freed += node.size
@@ -333,6 +359,14 @@ class PrefixTree:
                 heapq.heappush(heap, (order(parent, now), parent.id, parent))
         self.counters.evicted_tokens += freed
         return evicted
+
+    def _kept_head(self, node: Node, needed: int) -> int:
+        """Tokens of a leaf's head that can stay when only `needed` are wanted (tail-evicting
+        policies; the others evict whole leaves, as RadixCache does)."""
+        if not self._evict_tails:
+            return 0
+        tail = -(-needed // self.page_size) * self.page_size
+        return max(node.size - tail, 0)
 
     def _remove_leaf(self, node: Node) -> None:
         parent = node.parent
