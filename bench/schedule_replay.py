@@ -490,10 +490,12 @@ def admission_order(replay: ReplayScheduler) -> list[str]:
 
 def stock_policies() -> list[str]:
     """The installed SGLang's --radix-eviction-policy choices, lru first, fifo registered through
-    SGLang's own hook (its FIFOStrategy is not offered on the command line)."""
+    SGLang's own hook (its FIFOStrategy is not offered on the command line). 0.5.23's tlru is left
+    out: it needs a --radix-eviction-policy-config (a TTFT budget and next-prompt estimate in tokens)
+    tuned to the workload, without which 0.5.23 refuses it as exactly LRU."""
     if "fifo" not in RADIX_EVICTION_POLICY_CHOICES:
         add_radix_eviction_policy_choices(["fifo"])
-    return sorted(RADIX_EVICTION_POLICY_CHOICES, key=lambda p: p != "lru")
+    return sorted((p for p in RADIX_EVICTION_POLICY_CHOICES if p != "tlru"), key=lambda p: p != "lru")
 
 
 def eviction_variants() -> list[tuple[str, bool, tuple[str, ...]]]:

@@ -18,7 +18,7 @@ OPTIONS_DEST = "prefill_ext_options"
 ENABLE_FLAG = "--enable-prefill-ext"
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "cost", "reuse")
 # The tree's policy unless one is asked for: it beats or ties LRU on the replay's eviction table.
-DEFAULT_EVICTION = "cost"
+DEFAULT_EVICTION = "reuse"
 SGLANG_DEFAULT_EVICTION = "lru"  # --radix-eviction-policy's default
 SCHEDULES = ("auto", "lpm-aging", "stock")
 SCORERS = ("hybrid", "sampled", "pooled")  # ops.settings.SCORERS (the ops layer validates them again)
@@ -33,9 +33,11 @@ class PrefillExtConfig:
     eviction: str | None = _option(
         None,
         "Eviction policy of the extension's prefix tree: SGLang's own (lru, lfu, fifo, mru, filo, "
-        "priority) or 'cost', which evicts the least expected recompute cost per slot (reuse estimated "
-        "as log-damped hits over idle time, times a per-token cost growing with depth). Unset: "
-        "SGLang's --radix-eviction-policy when set to other than its default (lru), else cost.",
+        "priority, slru), 'cost' (least expected recompute cost per slot: log-damped hits over idle "
+        "time, times a per-token cost growing with depth) or 'reuse' (the leaf predicted to be reused "
+        "last, from each node's reuse interval while intervals repeat, else least recently used; only "
+        "the tail still needed is taken from the last leaf). Unset: SGLang's --radix-eviction-policy "
+        "when set to other than its default (lru), else reuse.",
         EVICTION_POLICIES,
     )
     sparse: bool = _option(

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from sglang_prefill_ext import adapters
+from sglang_prefill_ext.radix.belady import Access, belady
 
 SMALL_CHUNK = 2048
 POOL = 1 << 17  # small enough that the per-step slot census stays cheap
@@ -219,7 +221,7 @@ def test_prometheus_counters_count_hits_and_dedup(replay: ModuleType) -> None:
     assert delta["hit_tokens"] == 3 * 1024
 
 
-@pytest.mark.parametrize("eviction", ["lru", "cost"])
+@pytest.mark.parametrize("eviction", ["lru", "cost", "reuse"])
 def test_kv_accounting_holds_under_eviction(replay: ModuleType, eviction: str) -> None:
     """A pool a third of the working set: the tree evicts every few passes; every slot stays owned once."""
     trace = replay.multi_turn(6, 4, 256, 300)
@@ -258,3 +260,22 @@ def test_waiting_prefixes_are_evicted_last_so_ext_never_computes_more(replay: Mo
     assert ext.prefill_tokens < unprotected.prefill_tokens
     if pool == 32768:
         assert unprotected.prefill_tokens > stock.prefill_tokens  # the case being fixed
+
+
+def test_the_default_eviction_keeps_a_loop_of_conversations_whole(replay: ModuleType) -> None:
+    """The pressure phase's shape, scaled down: conversations served round-robin, two at a time,
+    final contexts twice the pool. Stock LRU evicts the conversation served next, every turn; the
+    default ('reuse') evicts the one served last, so the rest hit, near Belady's optimum."""
+    pool = 8192
+    trace = replay.cyclic_multi_turn(2.0, pool, first=512, tool=768)
+    ideal = replay.ideal_prefill_tokens(trace)
+    common = {"pool_tokens": pool, "chunked_prefill_size": 1024}
+    stock = run(replay, trace, ext=False, **common)
+    ext = run(replay, trace, ext=True, **common)
+    lru, ours = stock.prefill_tokens - ideal, ext.prefill_tokens - ideal
+    order = replay.admission_order(stock)
+    by_rid = {t.rid: t for t in trace}
+    accesses = [Access(np.array(by_rid[rid].tokens), len(by_rid[rid].tokens)) for rid in order]
+    best = belady(accesses, pool).computed_tokens - ideal
+    assert best < ours < 0.7 * lru
+    assert (lru - ours) / (lru - best) > 0.5
