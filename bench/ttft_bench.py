@@ -551,15 +551,29 @@ async def wl_mixed(ctx: Ctx, name: str) -> dict[str, Any]:
     return {}
 
 
+def pressure_names(ratios: list[float]) -> list[str]:
+    """One pressure workload per working-set ratio: 'pressure' alone, else 'pressure-<ratio>x'."""
+    return ["pressure"] if len(ratios) == 1 else [f"pressure-{r:g}x" for r in ratios]
+
+
+def workload_kind(name: str) -> str:
+    """'pressure-1.5x' -> 'pressure'; other names are their own kind."""
+    return name.partition("-")[0]
+
+
 async def wl_pressure(ctx: Ctx, name: str) -> dict[str, Any]:
-    """(6) multi-turn sessions, round-robin, whose working set is a multiple of the KV pool."""
+    """(6) multi-turn sessions, round-robin, whose working set is a multiple of the KV pool
+    (--pressure-ratio; several ratios run as pressure-<ratio>x, one after the other)."""
     c, tok, a = ctx.client, ctx.tokens, ctx.args
+    ratio = (
+        float(name.removeprefix("pressure-").removesuffix("x")) if name != "pressure" else a.pressure_ratio[0]
+    )
     final_len = a.pressure_first_tokens + (a.pressure_turns - 1) * (a.pressure_tool_tokens + a.max_new_tokens)
     pool = ctx.pool_tokens
     if a.pressure_sessions > 0:
         n_sessions = a.pressure_sessions
     elif pool:
-        n_sessions = max(2, min(a.pressure_max_sessions, math.ceil(a.pressure_ratio * pool / final_len)))
+        n_sessions = max(2, min(a.pressure_max_sessions, math.ceil(ratio * pool / final_len)))
     else:
         raise RuntimeError("pressure: server did not report max_total_num_tokens; pass --pressure-sessions")
     ctx_ids = [tok.ids(a.pressure_first_tokens, name, s, "first") for s in range(n_sessions)]
@@ -724,6 +738,7 @@ async def run_workloads(a: argparse.Namespace) -> int:
         if w not in WORKLOADS:
             print(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}", file=sys.stderr)
             return 2
+    names = [n for w in names for n in (pressure_names(a.pressure_ratio) if w == "pressure" else [w])]
     tokens = TokenSource(a.seed, a.token_low, a.token_high)
     rc = 0
     async with Client(url, a.label, jsonl, progress=not a.no_progress) as client:
@@ -734,7 +749,7 @@ async def run_workloads(a: argparse.Namespace) -> int:
             )
             client.records.clear()
         for w in names:
-            estimate = ESTIMATED_S[w] * (a.baseline_reps if w == "baseline" else 1)
+            estimate = ESTIMATED_S[workload_kind(w)] * (a.baseline_reps if w == "baseline" else 1)
             if a.deadline and time.time() + estimate > a.deadline:
                 print(f"[{a.label}] {w}: skipped, would pass the deadline", flush=True)
                 summary["workloads"][w] = {"skipped": "deadline"}
@@ -747,7 +762,7 @@ async def run_workloads(a: argparse.Namespace) -> int:
             ctx = Ctx(client, tokens, a, info.get("max_total_num_tokens"))
             t0 = time.perf_counter()
             try:
-                extra = await WORKLOADS[w](ctx, w)
+                extra = await WORKLOADS[workload_kind(w)](ctx, w)
             except Exception as e:  # keep the other workloads running
                 extra = {"failed": f"{type(e).__name__}: {e}"}
                 rc = 1
@@ -1009,6 +1024,10 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
 
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -1070,7 +1089,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pressure-first-tokens", type=int, default=4096)
     g.add_argument("--pressure-tool-tokens", type=int, default=6144)
     g.add_argument("--pressure-turns", type=int, default=4)
-    g.add_argument("--pressure-ratio", type=float, default=2.0, help="working set / KV pool")
+    g.add_argument(
+        "--pressure-ratio",
+        type=_floats,
+        default=[2.0],
+        help="working set / KV pool; a list (1.5,2,3) runs one pressure workload per ratio",
+    )
     g.add_argument("--pressure-sessions", type=int, default=0, help="0: from the pool size and the ratio")
     g.add_argument("--pressure-max-sessions", type=int, default=16)
     g.add_argument("--pressure-concurrency", type=int, default=2)

@@ -3,7 +3,11 @@ never worse than any eviction policy of stock RadixCache or PrefillExtRadixCache
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import json
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -194,3 +198,70 @@ def test_belady_is_never_worse_than_any_policy(case: tuple[list[Access], int]) -
     optimum = belady(accesses, capacity).computed_tokens
     for name, cache in caches(capacity):
         assert optimum <= computed_by(cache, accesses), name
+
+
+# ----- a GPU run's pressure workload, from the TTFT bench's records -----
+
+
+def load_eviction_bound() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "bench" / "eviction_bound.py"
+    spec = importlib.util.spec_from_file_location("eviction_bound", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pressure_run(folder: Path, label: str, cached: list[int]) -> None:
+    """What ttft_bench.py's pressure workload writes: 3 sessions x 3 turns, round-robin, prompts of
+    6 then + 4 output + 5 tool tokens, `cached` tokens served from cache per request."""
+    folder.mkdir()
+    prompts, reusable = [6, 6, 6], [0, 0, 0]
+    records = []
+    for idx in range(9):
+        session, turn = idx % 3, idx // 3
+        records.append(
+            {
+                "workload": "pressure",
+                "idx": idx,
+                "t_send": 0.1 * idx,
+                "session": session,
+                "turn": turn + 1,
+                "prompt_tokens": prompts[session],
+                "output_tokens": 4,
+                "cached_tokens": cached[idx],
+                "reusable_tokens": reusable[session],
+                "error": None,
+            }
+        )
+        reusable[session] = prompts[session] + 3
+        prompts[session] += 4 + 5
+    (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    prompt = sum(r["prompt_tokens"] for r in records)
+    workload = {
+        "pool_tokens": 30,
+        "sessions": 3,
+        "reusable_tokens": sum(r["reusable_tokens"] for r in records),
+        "recomputed_tokens": sum(max(0, r["reusable_tokens"] - r["cached_tokens"]) for r in records),
+        "hit_rate": sum(cached) / prompt,
+    }
+    (folder / "summary.json").write_text(json.dumps({"label": label, "workloads": {"pressure": workload}}))
+
+
+def test_eviction_bound_rebuilds_a_pressure_run(tmp_path: Path) -> None:
+    bound = load_eviction_bound()
+    pressure_run(tmp_path / "stock", "stock", [0] * 9)
+    pressure_run(tmp_path / "ext", "ext", [0, 0, 0, 9, 9, 0, 18, 0, 0])
+    lines = bound.rows([(label, *bound.load(tmp_path / label)) for label in ("stock", "ext")])
+    # Session paths: 9 tokens after turn 1, 18 after turn 2; 30 slots hold 3 x 9, then 1 x 18 + 1 x 9.
+    chains = [
+        Access(s * bound.SESSION_STRIDE + np.arange(6 + 9 * t + 3), 6 + 9 * t)
+        for t in range(3)
+        for s in range(3)
+    ]
+    optimum = belady(chains, 30)
+    assert optimum.reusable == [0, 0, 0, 9, 9, 9, 18, 18, 18]
+    stock, ext, best = (line.split(" | ") for line in lines[2:])
+    assert stock[4] == "81" and stock[6] == "0.00 |"
+    assert ext[4] == f"{81 - 36}"
+    assert best[4] == f"{optimum.recomputed_tokens:,}"
+    assert float(ext[6].rstrip(" |")) == pytest.approx(36 / (81 - optimum.recomputed_tokens), abs=0.005)
