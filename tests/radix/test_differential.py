@@ -34,7 +34,7 @@ HARNESS = adapters.current("testing")
 PrefillExtRadixCache = adapters.current("radix_cache").PrefillExtRadixCache
 
 POOL_TOKENS = 4096
-STOCK_POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority"]
+STOCK_POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
 # (extra_key, cache_salt); the salted ones only where the version's keys have a salt.
 NAMESPACES = st.sampled_from(
     [(None, None), ("lora-a", None)]
