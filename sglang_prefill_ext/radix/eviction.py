@@ -46,10 +46,11 @@ class Clock:
 
 
 class ReuseStats:
-    """How often a node's reuse interval is within 1 + 1/TOLERANCE of its previous one, as a moving
-    average over the last ~WINDOW reuses. Starts regular: a loop must be recognised before its
-    first turn that does not fit, and a random workload (two iid exponential gaps agree about 1 time
-    in 8) falls below THRESHOLD within a few WINDOWs."""
+    """How often a node's reuse interval is within a TOLERANCE-th (+1) of its previous one, as a
+    moving average over the last ~WINDOW reuses. Starts at THRESHOLD, regular: a loop must be
+    recognised by its first turn that does not fit, where only its first reuses have been seen. A
+    loop keeps it near 1; on random reuse (two iid exponential gaps agree about 1 time in 8) the
+    first disagreement takes it below THRESHOLD and it stays there."""
 
     TOLERANCE = 4
     WINDOW = 16
