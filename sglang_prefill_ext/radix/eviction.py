@@ -50,7 +50,7 @@ class ReuseStats:
     moving average over the last ~WINDOW reuses. Starts at THRESHOLD, regular: a loop must be
     recognised by its first turn that does not fit, where only its first reuses have been seen. A
     loop keeps it near 1; on random reuse (two iid exponential gaps agree about 1 time in 8) the
-    first disagreement takes it below THRESHOLD and it stays there."""
+    first disagreement takes it below THRESHOLD, and it stays below while most reuses disagree."""
 
     TOLERANCE = 4
     WINDOW = 16
