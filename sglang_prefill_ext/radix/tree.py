@@ -67,7 +67,6 @@ class PrefixTree:
         self.counters = TreeCounters()
         self._clock = 0
         self.uses = 0  # requests cached (inserts that are not a request's own re-insert)
-        self.reuse_stats = ReuseStats()
         self.epoch = 0
         self.reset()
 
@@ -79,6 +78,7 @@ class PrefixTree:
         self.root.lock_ref = 1
         self.index.clear()
         self.evictable_leaves: set[Node] = set()
+        self.reuse_stats = ReuseStats()  # a flushed cache learns its next workload afresh
         self.evictable_tokens = 0
         self.protected_tokens = 0
         self.cached_tokens = 0

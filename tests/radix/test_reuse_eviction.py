@@ -3,10 +3,12 @@ it: requests are admitted (prefix matched and locked, the rest allocated, evicti
 short), run (in flight, holding their slots), finish (inserted, duplicates freed, unlocked), or
 wait (matched and touched each pass). Eviction must never free a slot of a locked prefix or of a
 request in flight, must free only what was asked rounded up to a page, and every slot of the pool
-must stay owned exactly once: free in the allocator, cached in the tree or held by a request."""
+must stay owned exactly once: free in the allocator, cached in the tree or held by a request.
+Then its order on the version-free tree: a loop, and the switch to least recently used."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import strategies as st
@@ -20,6 +22,8 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, Ma
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 
 from sglang_prefill_ext import adapters  # noqa: E402
+from sglang_prefill_ext.radix import PrefixTree  # noqa: E402
+from sglang_prefill_ext.radix.eviction import ReuseStats  # noqa: E402
 from tests.radix.profiles import StepCounter, machine_settings  # noqa: E402
 from tests.radix.strategies import PICKS, TOKENS, grow_key  # noqa: E402
 
@@ -153,3 +157,41 @@ class ReuseEvictionMachine(RuleBasedStateMachine):
 
 ReuseEvictionMachine.TestCase.settings = machine_settings(ci_examples=300)
 TestReuseEviction = ReuseEvictionMachine.TestCase
+
+
+def serve_round_robin(policy: str, conversations: int, rounds: int) -> tuple[PrefixTree, list[list[int]]]:
+    """Each round, every conversation in turn sends its context plus 4 new tokens, which stay cached."""
+    tree = PrefixTree(eviction=policy)
+    contexts = [[1000 * c + 1] * 4 for c in range(conversations)]
+    for _ in range(rounds):
+        for c, context in enumerate(contexts):
+            context += [1000 * c + len(context)] * 4
+            tree.insert(tree.query(np.array(context, dtype=np.int64)), np.zeros(len(context), dtype=np.int64))
+    return tree, contexts
+
+
+def test_reuse_evicts_the_tail_of_the_conversation_served_last() -> None:
+    """In a loop the one served last is needed last; LRU takes the one served first (needed next),
+    and a whole leaf of it."""
+    tree, contexts = serve_round_robin("reuse", conversations=4, rounds=3)
+    assert tree.reuse_stats.regular()
+    (evicted,) = tree.evict(2)
+    assert (evicted.size, evicted.end) == (2, len(contexts[3]))
+    assert evicted.tokens == np.array(contexts[3][-2:], dtype=np.int64).tobytes()
+    lru, _ = serve_round_robin("lru", conversations=4, rounds=3)
+    (evicted,) = lru.evict(2)
+    assert evicted.size == 4 and evicted.tokens.startswith(
+        np.array(contexts[0][-4:], dtype=np.int64).tobytes()
+    )
+
+
+def test_reuse_intervals_that_do_not_repeat_turn_predictions_off() -> None:
+    stats = ReuseStats()
+    assert stats.regular()
+    stats.observe(previous=8, interval=8)
+    assert stats.regular()
+    stats.observe(previous=8, interval=20)
+    assert not stats.regular()
+    for _ in range(ReuseStats.WINDOW):
+        stats.observe(previous=8, interval=9)
+    assert stats.regular()
