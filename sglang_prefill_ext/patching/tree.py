@@ -15,7 +15,8 @@ from pathlib import Path
 
 from sglang_prefill_ext.patching import unidiff
 
-PATCHES_ENV = "SGLANG_PREFILL_EXT_PATCHES"
+# Package data: found next to the installed package, editable or not.
+PATCHES_ROOT = Path(__file__).resolve().parents[1] / "patches"
 
 
 class PatchError(RuntimeError):
@@ -52,15 +53,8 @@ class TargetFile:
         return FileState.FOREIGN
 
 
-def patches_root() -> Path:
-    override = os.environ.get(PATCHES_ENV)
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[2] / "patches"
-
-
 def supported_versions(root: Path | None = None) -> list[str]:
-    root = root or patches_root()
+    root = root or PATCHES_ROOT
     found = [p.name.removeprefix("sglang-") for p in root.glob("sglang-*") if p.is_dir()]
     return sorted(found, key=_version_key)
 
@@ -100,7 +94,7 @@ class PatchSet:
     """The patches of one SGLang version, bound to one installed tree."""
 
     def __init__(self, version: str, sglang_dir: Path, root: Path | None = None):
-        root = root or patches_root()
+        root = root or PATCHES_ROOT
         supported = supported_versions(root)
         if version not in supported:
             raise PatchError(
