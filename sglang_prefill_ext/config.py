@@ -24,6 +24,10 @@ SCHEDULES = ("auto", "lpm-aging", "stock")
 SCORERS = ("hybrid", "sampled", "pooled")  # ops.settings.SCORERS (the ops layer validates them again)
 
 
+class OptionError(ValueError):
+    """A refused `--prefill-ext-*` configuration; on SGLang's command line it prints as one line."""
+
+
 def _option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
 
@@ -200,14 +204,16 @@ class PrefillExtConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise ValueError(f"unknown prefill-ext options: {', '.join(unknown)}")
+            raise OptionError(f"unknown prefill-ext options: {', '.join(unknown)}")
         config = cls(**options)
         PassCost.parse(config.pass_cost)
         for f in dataclasses.fields(cls):
             choices = f.metadata["choices"]
             value = getattr(config, f.name)
             if choices and value is not None and value not in choices:
-                raise ValueError(f"--prefill-ext-{f.name.replace('_', '-')}={value!r}: choose from {choices}")
+                raise OptionError(
+                    f"--prefill-ext-{f.name.replace('_', '-')}={value!r}: choose from {choices}"
+                )
         return config
 
 

@@ -88,7 +88,11 @@ def sglang_harness(patched_sglang: PatchSet) -> ModuleType:
 
 @pytest.fixture
 def sglang_copy(tmp_path: Path, sglang_dir: Path, patched_sglang: PatchSet) -> Path:
-    """A pristine private copy of the installed sglang/ package, safe to damage."""
-    shutil.copytree(sglang_dir / "sglang", tmp_path / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
-    PatchSet(patched_sglang.version, tmp_path).revert()
-    return tmp_path
+    """A pristine private copy of the installed sglang/ package and its dist-info (RECORD), safe to
+    damage."""
+    copy = tmp_path / "site"
+    shutil.copytree(sglang_dir / "sglang", copy / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    dist_info = f"sglang-{patched_sglang.version}.dist-info"
+    shutil.copytree(sglang_dir / dist_info, copy / dist_info)
+    PatchSet(patched_sglang.version, copy).revert()
+    return copy

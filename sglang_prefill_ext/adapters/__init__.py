@@ -7,24 +7,14 @@ One package per supported SGLang version, named `v` + the version with dots as u
 from __future__ import annotations
 
 import importlib
-import pkgutil
-from pathlib import Path
 from types import ModuleType
+
+from sglang_prefill_ext.versions import supported_versions
 
 
 def package_name(version: str) -> str:
     """The adapter package's module name for an SGLang version: 0.5.23 -> `v0_5_23`."""
     return "v" + version.replace(".", "_")
-
-
-def supported_versions() -> list[str]:
-    """The SGLang versions that have an adapter package, oldest first."""
-    found = [
-        info.name[1:].replace("_", ".")
-        for info in pkgutil.iter_modules([str(Path(__file__).parent)])
-        if info.ispkg and info.name.startswith("v")
-    ]
-    return sorted(found, key=lambda v: tuple(int(p) if p.isdigit() else p for p in v.split(".")))
 
 
 def for_version(version: str, module: str | None = None) -> ModuleType:

@@ -9,7 +9,9 @@ rest here. Like the hooks modules, this imports nothing from SGLang: the patched
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Mapping
+from types import TracebackType
 from typing import Any
 
 from sglang_prefill_ext import config
@@ -33,6 +35,25 @@ def conflicting_flags(**extra: str) -> dict[str, str]:
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     config.add_cli_args(parser)
+    _print_option_errors_as_one_line()
+
+
+def _print_option_errors_as_one_line() -> None:
+    """On a command line (SGLang builds a parser only there), a refused configuration that reaches
+    the top prints as `error: <why>` (exit status 1) instead of a traceback into SGLang's internals;
+    every other exception keeps the hook it had. Library callers still catch the ValueError."""
+    previous = sys.excepthook
+    if getattr(previous, "prints_option_errors", False):
+        return
+
+    def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        if issubclass(kind, config.OptionError):
+            print(f"error: {error}", file=sys.stderr)
+        else:
+            previous(kind, error, tb)
+
+    hook.prints_option_errors = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def extension_enabled(server_args: Any) -> bool:
@@ -49,16 +70,16 @@ def validate_server_args(
     if not server_args.enable_prefill_ext:
         if server_args.prefill_ext_options:
             flags = ", ".join(f"--prefill-ext-{k.replace('_', '-')}" for k in server_args.prefill_ext_options)
-            raise ValueError(f"{flags} given without {config.ENABLE_FLAG}")
+            raise config.OptionError(f"{flags} given without {config.ENABLE_FLAG}")
         return
     config.PrefillExtConfig.from_options(server_args.prefill_ext_options)  # refuses bad values
     unported = sorted(set(server_args.prefill_ext_options or ()) - ported) if ported is not None else []
     if unported:
         flags = ", ".join(f"--prefill-ext-{name.replace('_', '-')}" for name in unported)
-        raise ValueError(f"{flags}: not available on SGLang {version} yet")
+        raise config.OptionError(f"{flags}: not available on SGLang {version} yet")
     found = [text for name, text in conflicts.items() if getattr(server_args, name, None)]
     if found:
-        raise ValueError(f"{config.ENABLE_FLAG} cannot be combined with: {'; '.join(found)}")
+        raise config.OptionError(f"{config.ENABLE_FLAG} cannot be combined with: {'; '.join(found)}")
 
 
 def validate_attention_backend(server_args: Any, backends: tuple[str, ...]) -> None:

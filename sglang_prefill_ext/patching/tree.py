@@ -1,12 +1,18 @@
 """Apply, revert and inspect one SGLang version's patch set on an installed `sglang/` tree.
 
-Every verb first computes the outcome for every target file in memory; files are written only
-when all of them can change, so a refused call leaves the tree untouched.
+A file to patch is judged whole: it must hash to the sha256 that SGLang's installed RECORD holds
+for it (stock) or be exactly that stock content with every hunk applied (patched); anything else
+is a foreign change. Every verb first computes the outcome for every target file in memory; files
+are written only when all of them can change, so a refused call leaves the tree untouched.
 """
 
 from __future__ import annotations
 
+import base64
+import csv
 import enum
+import hashlib
+import importlib.util
 import os
 import re
 import tempfile
@@ -14,9 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_prefill_ext.patching import unidiff
-
-# Package data: found next to the installed package, editable or not.
-PATCHES_ROOT = Path(__file__).resolve().parents[1] / "patches"
+from sglang_prefill_ext.versions import PATCHES_ROOT, supported_versions
 
 
 class PatchError(RuntimeError):
@@ -30,11 +34,24 @@ class FileState(enum.Enum):
     MISSING = "missing"
 
 
+@dataclass(frozen=True)
+class Inspection:
+    state: FileState
+    content: str | None  # as read
+    other: str | None  # PRISTINE: the patched content; PATCHED: the stock content
+
+
+def record_digest(data: bytes) -> str:
+    """A file's hash as a wheel's RECORD writes it."""
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
 @dataclass(frozen=True, eq=False)
 class TargetFile:
     patch: Path
     diff: unidiff.FileDiff
     path: Path
+    stock_digest: str
 
     def read(self) -> str | None:
         if not self.path.is_file():
@@ -42,34 +59,32 @@ class TargetFile:
         with open(self.path, encoding="utf-8", newline="") as f:
             return f.read()
 
-    def state(self) -> FileState:
+    def _is_stock(self, content: str) -> bool:
+        return record_digest(content.encode("utf-8")) == self.stock_digest
+
+    def inspect(self) -> Inspection:
         content = self.read()
         if content is None:
-            return FileState.MISSING
-        if unidiff.apply(self.diff, content) is not None:
-            return FileState.PRISTINE
-        if unidiff.apply(self.diff.reversed(), content) is not None:
-            return FileState.PATCHED
-        return FileState.FOREIGN
+            return Inspection(FileState.MISSING, None, None)
+        if self._is_stock(content):
+            patched = unidiff.apply(self.diff, content)
+            if patched is None:
+                raise PatchError(f"{self.patch.name} does not apply to stock {self.path}: a broken patch set")
+            return Inspection(FileState.PRISTINE, content, patched)
+        stock = unidiff.apply(self.diff.reversed(), content)
+        if stock is not None and self._is_stock(stock) and unidiff.apply(self.diff, stock) == content:
+            return Inspection(FileState.PATCHED, content, stock)
+        return Inspection(FileState.FOREIGN, content, None)
 
-
-def supported_versions(root: Path | None = None) -> list[str]:
-    root = root or PATCHES_ROOT
-    found = [p.name.removeprefix("sglang-") for p in root.glob("sglang-*") if p.is_dir()]
-    return sorted(found, key=_version_key)
-
-
-def _version_key(version: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else p for p in version.split("."))
+    def state(self) -> FileState:
+        return self.inspect().state
 
 
 def installed_sglang_dir() -> Path:
     """The folder holding the `sglang/` package that the active Python imports."""
-    import importlib.util
-
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
-        raise PatchError("no sglang package is importable by this Python; pass SGLANG_DIR")
+        raise PatchError("no sglang package is importable by this Python; pass --sglang-dir")
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
@@ -90,27 +105,32 @@ def installed_version(sglang_dir: Path) -> str:
     raise PatchError(f"{sglang_dir} holds no sglang/_version.py or sglang dist-info: not an SGLang install")
 
 
+def stock_digests(sglang_dir: Path, version: str) -> dict[str, str]:
+    """Path (relative to `sglang_dir`) -> sha256 of the file as SGLang's wheel installed it."""
+    record = sglang_dir / f"sglang-{version}.dist-info" / "RECORD"
+    if not record.is_file():
+        raise PatchError(f"{record} is missing: the stock content of SGLang's files cannot be checked")
+    with open(record, encoding="utf-8", newline="") as f:
+        return {row[0]: row[1] for row in csv.reader(f) if len(row) >= 2 and row[1]}
+
+
 class PatchSet:
     """The patches of one SGLang version, bound to one installed tree."""
 
-    def __init__(self, version: str, sglang_dir: Path, root: Path | None = None):
-        root = root or PATCHES_ROOT
-        supported = supported_versions(root)
-        if version not in supported:
-            raise PatchError(
-                f"no patches for SGLang {version}; supported versions: {', '.join(supported) or 'none'}"
-            )
+    def __init__(self, version: str, sglang_dir: Path, root: Path = PATCHES_ROOT):
+        supported = ", ".join(supported_versions(root)) or "none"
+        if version not in supported_versions(root):
+            raise PatchError(f"no patches for SGLang {version}; supported versions: {supported}")
         found = installed_version(sglang_dir)
         if found != version:
             raise PatchError(
-                f"SGLang in {sglang_dir} is {found}, not {version}; "
-                f"supported versions: {', '.join(supported)}"
+                f"SGLang in {sglang_dir} is {found}, not {version}; supported versions: {supported}"
             )
         self.version = version
         self.sglang_dir = sglang_dir
-        self.targets = self._load(root / f"sglang-{version}")
+        self.targets = self._load(root / f"sglang-{version}", stock_digests(sglang_dir, version))
 
-    def _load(self, folder: Path) -> list[TargetFile]:
+    def _load(self, folder: Path, digests: dict[str, str]) -> list[TargetFile]:
         targets: list[TargetFile] = []
         seen: dict[str, Path] = {}
         for patch in sorted(folder.glob("*.patch")):
@@ -119,48 +139,41 @@ class PatchSet:
                     raise PatchError(
                         f"{diff.path} is patched by both {seen[diff.path].name} and {patch.name}"
                     )
+                if diff.path not in digests:
+                    raise PatchError(
+                        f"{diff.path} has no hash in SGLang's RECORD: its stock content is unknown"
+                    )
                 seen[diff.path] = patch
-                targets.append(TargetFile(patch, diff, self.sglang_dir / diff.path))
+                targets.append(TargetFile(patch, diff, self.sglang_dir / diff.path, digests[diff.path]))
         if not targets:
             raise PatchError(f"{folder} holds no .patch files")
         return targets
 
-    def states(self) -> dict[TargetFile, FileState]:
-        return {t: t.state() for t in self.targets}
+    def inspect(self) -> dict[TargetFile, Inspection]:
+        return {t: t.inspect() for t in self.targets}
 
     def status(self) -> str:
-        states = self.states()
-        kinds = set(states.values())
-        if kinds == {FileState.PATCHED}:
+        found = self.inspect()
+        states = {i.state for i in found.values()}
+        if states == {FileState.PATCHED}:
             return "applied"
-        if kinds == {FileState.PRISTINE}:
+        if states == {FileState.PRISTINE}:
             return "not applied"
-        bad = [
-            f"{t.diff.path} ({s.value})"
-            for t, s in states.items()
-            if s in (FileState.FOREIGN, FileState.MISSING)
-        ]
+        bad = [f"{t.path} ({i.state.value})" for t, i in found.items() if i.state in _BLOCKING]
         if bad:
             return "foreign changes: " + ", ".join(bad)
-        done = [t.diff.path for t, s in states.items() if s is FileState.PATCHED]
+        done = [t.diff.path for t, i in found.items() if i.state is FileState.PATCHED]
         return "partially applied: " + ", ".join(done)
 
     def _plan(self, forward: bool) -> dict[TargetFile, str]:
         """New content for every file that must change; raises if any file blocks the verb."""
-        states = self.states()
-        blocked = [(t, s) for t, s in states.items() if s in (FileState.FOREIGN, FileState.MISSING)]
+        found = self.inspect()
+        blocked = [(t, i.state) for t, i in found.items() if i.state in _BLOCKING]
         if blocked:
             names = "; ".join(f"{t.path} ({s.value}, patch {t.patch.name})" for t, s in blocked)
             raise PatchError(f"refused, nothing changed: {names}")
         todo = FileState.PRISTINE if forward else FileState.PATCHED
-        plan: dict[TargetFile, str] = {}
-        for target, state in states.items():
-            if state is todo:
-                diff = target.diff if forward else target.diff.reversed()
-                new = unidiff.apply(diff, target.read() or "")
-                assert new is not None  # state() just proved it applies
-                plan[target] = new
-        return plan
+        return {t: i.other for t, i in found.items() if i.state is todo and i.other is not None}
 
     def check(self, forward: bool = True) -> list[str]:
         """Dry run: the files the verb would change."""
@@ -189,3 +202,6 @@ class PatchSet:
         for tmp, path in staged:
             os.replace(tmp, path)
         return [str(path) for _, path in staged]
+
+
+_BLOCKING = (FileState.FOREIGN, FileState.MISSING)

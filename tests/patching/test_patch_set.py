@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_prefill_ext import adapters
 from sglang_prefill_ext.patching import PatchError, PatchSet, supported_versions, unidiff
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,36 +44,62 @@ def test_round_trip_is_byte_identical(sglang_copy: Path, sglang_version: str) ->
     assert patches.revert() == []
 
 
-def test_script_round_trip_and_messages(sglang_copy: Path, sglang_version: str) -> None:
+def test_cli_defaults_to_the_installed_version(sglang_copy: Path, sglang_version: str) -> None:
     before = tree_hashes(sglang_copy)
-    env = {"SGLANG_VERSION": sglang_version, "SGLANG_DIR": str(sglang_copy), "PYTHON": sys.executable}
-    script = str(REPO / "scripts" / "apply_patch.sh")
-
-    def run(verb: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", script, verb], env=env, capture_output=True, text=True, check=False)
-
-    assert "not applied" in run("status").stdout
-    assert "apply would change" in run("check").stdout
+    where = ("--sglang-dir", str(sglang_copy))
+    status = cli("status", *where)
+    assert status.returncode == 0 and status.stdout.strip().endswith(
+        f"{sglang_version} in {sglang_copy}: not applied"
+    )
+    assert "apply would change" in cli("check", *where).stdout
     assert tree_hashes(sglang_copy) == before, "check must not write"
-    assert run("apply").returncode == 0
-    second = run("apply")
+    assert cli("apply", *where).returncode == 0
+    second = cli("apply", "--sglang-version", sglang_version, *where)
     assert second.returncode == 0 and "already applied" in second.stdout
-    assert ": applied" in run("status").stdout
-    assert run("revert").returncode == 0
+    assert cli("status", *where).stdout.strip().endswith(": applied")
+    assert cli("revert", *where).returncode == 0
     assert tree_hashes(sglang_copy) == before
 
 
-def test_unknown_version_refused_touching_nothing(sglang_copy: Path) -> None:
+def test_unknown_version_refused_on_one_line(sglang_copy: Path) -> None:
     before = tree_hashes(sglang_copy)
     result = cli("apply", "--sglang-version", "0.4.0", "--sglang-dir", str(sglang_copy))
-    assert result.returncode != 0
-    assert "no patches for SGLang 0.4.0" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "no patches for SGLang 0.4.0" in result.stderr
     for version in supported_versions():
         assert version in result.stderr
     assert tree_hashes(sglang_copy) == before
 
 
-def test_installed_version_mismatch_refused(sglang_copy: Path, sglang_version: str, tmp_path: Path) -> None:
+def test_make_refuses_an_unsupported_version_by_name() -> None:
+    result = subprocess.run(
+        ["make", "-C", str(REPO), "apply", "SGLANG_VERSION=0.5.99"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert (
+        f"SGLang 0.5.99 is not supported; supported versions: {' '.join(supported_versions())}"
+        in result.stderr
+    )
+
+
+def test_one_supported_version_list() -> None:
+    """The patch folders are the list: each has an adapter package and pinned requirements, and
+    no adapter package exists without them."""
+    versions = supported_versions()
+    assert versions
+    for version in versions:
+        assert adapters.for_version(version).__name__.endswith(adapters.package_name(version))
+        assert (REPO / "requirements" / f"sglang-{version}.txt").is_file()
+    packages = {p.name for p in Path(adapters.__file__).parent.glob("v*_*") if p.is_dir()}
+    assert packages == {adapters.package_name(v) for v in versions}
+    with pytest.raises(LookupError, match="supported versions"):
+        adapters.for_version("0.5.99")
+
+
+def test_installed_version_mismatch_refused(sglang_copy: Path, sglang_version: str) -> None:
     version_file = sglang_copy / "sglang" / "_version.py"
     version_file.write_text(version_file.read_text().replace(f"'{sglang_version}'", "'0.5.16'"))
     before = tree_hashes(sglang_copy)
@@ -86,7 +113,15 @@ def test_not_an_sglang_folder_refused(tmp_path: Path, sglang_version: str) -> No
         PatchSet(sglang_version, tmp_path)
 
 
-def test_hand_modified_target_refused_without_partial_writes(sglang_copy: Path, sglang_version: str) -> None:
+def test_missing_record_refused(sglang_copy: Path, sglang_version: str) -> None:
+    (sglang_copy / f"sglang-{sglang_version}.dist-info" / "RECORD").unlink()
+    before = tree_hashes(sglang_copy)
+    with pytest.raises(PatchError, match="RECORD is missing"):
+        PatchSet(sglang_version, sglang_copy)
+    assert tree_hashes(sglang_copy) == before
+
+
+def test_hand_modified_hunk_refused_without_partial_writes(sglang_copy: Path, sglang_version: str) -> None:
     patches = PatchSet(sglang_version, sglang_copy)
     first, *rest = patches.targets
     assert rest, "the refusal must be shown with more than one target file"
@@ -98,6 +133,30 @@ def test_hand_modified_target_refused_without_partial_writes(sglang_copy: Path, 
     for verb in (patches.apply, patches.revert, patches.check):
         with pytest.raises(PatchError, match=str(first.path)):
             verb()
+    assert tree_hashes(sglang_copy) == before
+
+
+@pytest.mark.parametrize("applied", [False, True], ids=["stock", "patched"])
+def test_foreign_edit_outside_the_hunks_refused(
+    sglang_copy: Path, sglang_version: str, applied: bool
+) -> None:
+    """A line appended far from every hunk still makes the file foreign: files are judged whole,
+    against SGLang's RECORD hash."""
+    patches = PatchSet(sglang_version, sglang_copy)
+    if applied:
+        patches.apply()
+    edited = next(t for t in patches.targets if t.diff.path.endswith("server_args.py"))
+    with open(edited.path, "a", encoding="utf-8") as f:
+        f.write("# a local edit\n")
+    before = tree_hashes(sglang_copy)
+    assert patches.status() == f"foreign changes: {edited.path} (changed by hand)"
+    status = cli("status", "--sglang-dir", str(sglang_copy))
+    assert status.returncode == 1 and str(edited.path) in status.stdout
+    for verb in ("apply", "revert", "check"):
+        result = cli(verb, "--sglang-dir", str(sglang_copy))
+        assert result.returncode == 2
+        assert result.stderr.count("\n") == 1 and "refused, nothing changed" in result.stderr
+        assert str(edited.path) in result.stderr
     assert tree_hashes(sglang_copy) == before
 
 
