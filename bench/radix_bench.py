@@ -7,7 +7,8 @@ For each page size and prompt length: tens of cached sequences sharing a common 
 at random points. Reports the p50 of insert, first match, re-match of a waiting request (stock:
 a full match_prefix again; ours: the request's match handle is extended) and evict, with ratios.
 
-    python bench/radix_bench.py [--lengths 1024 8192 32768 131072] [--pages 1 16] [--sequences 32] [--repeat 3]
+    python bench/radix_bench.py [--workload diverging|shared] [--lengths 1024 8192 32768 131072] [--pages 1 16]
+                                [--sequences 32] [--repeat 3]
 
 Each workload runs `--repeat` times, stock and ours interleaved; the table shows the lowest p50 of the
 repeats, the usual guard against other processes sharing the CPU.
@@ -40,7 +41,8 @@ class WaitingRequest:
     """A queued request as match_prefix sees it: the adapter keys its match handle on identity."""
 
 
-def make_prompts(length: int, sequences: int, page_size: int, seed: int) -> list[array]:
+def diverging_prompts(length: int, sequences: int, page_size: int, seed: int) -> list[array]:
+    """One base prompt; each sequence diverges from it at a random page-aligned point in [L/4, L)."""
     rng = np.random.default_rng(seed)
     base = rng.integers(0, 32000, length)
     prompts = []
@@ -50,6 +52,21 @@ def make_prompts(length: int, sequences: int, page_size: int, seed: int) -> list
         tokens[cut:] = rng.integers(0, 32000, length - cut)
         prompts.append(array("q", tokens.tolist()))
     return prompts
+
+
+def shared_prompts(length: int, sequences: int, page_size: int, seed: int, prefixes: int = 4) -> list[array]:
+    """A few long prefixes (7/8 of the prompt, e.g. documents or system prompts), each shared by
+    sequences / prefixes prompts that end in their own tokens; round-robin over the prefixes."""
+    rng = np.random.default_rng(seed)
+    shared = length * 7 // 8 // page_size * page_size
+    heads = rng.integers(0, 32000, (prefixes, shared))
+    return [
+        array("q", np.concatenate([heads[i % prefixes], rng.integers(0, 32000, length - shared)]).tolist())
+        for i in range(sequences)
+    ]
+
+
+WORKLOADS = {"diverging": diverging_prompts, "shared": shared_prompts}
 
 
 def make_cache(cls: type, page_size: int, pool_tokens: int) -> Any:
@@ -102,14 +119,27 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="diverging",
+        help="diverging: prompts leave one base prompt at random points; shared: 4 long prefixes, own tails",
+    )
     args = parser.parse_args()
+    # Both caches clone and concatenate CPU tensors; torch's default intra-op threads turn a 1 MB
+    # clone into milliseconds of thread hand-off on a busy 2-core box, noise that says nothing about
+    # either tree (on the GPU these are device copies).
+    torch.set_num_threads(1)
 
-    print(f"SGLang {adapters.installed_version()}, stock {HARNESS.STOCK_RADIX_CACHE.__name__}\n")
+    print(
+        f"SGLang {adapters.installed_version()}, stock {HARNESS.STOCK_RADIX_CACHE.__name__}, "
+        f"workload {args.workload}\n"
+    )
     print("| page | prompt tokens | operation | stock p50 (µs) | prefill-ext p50 (µs) | speed-up |")
     print("|---:|---:|---|---:|---:|---:|")
     for page_size in args.pages:
         for length in args.lengths:
-            prompts = make_prompts(length, args.sequences, page_size, args.seed)
+            prompts = WORKLOADS[args.workload](length, args.sequences, page_size, args.seed)
             runs = [
                 (
                     run_workload(HARNESS.STOCK_RADIX_CACHE, prompts, page_size),

@@ -6,19 +6,16 @@ import itertools
 from collections.abc import Hashable
 from typing import Any
 
-import numpy as np
-
 from sglang_prefill_ext.radix.tokens import TOKEN_BYTES
 
 _ids = itertools.count()
-NO_HASHES = np.empty(0, dtype=np.uint64)
 
 
 class Node:
     """`tokens` covers absolute positions [depth, depth + size) of every key that passes through it.
 
-    `value` is the adapter's opaque slot array for those tokens; `grid_hashes` the prefix hashes of
-    the grid points in (depth, depth + size]; `meta` is free for the adapter (e.g. KV-event hashes).
+    `value` is the adapter's opaque slot array for those tokens; `meta` is free for the adapter
+    (e.g. KV-event hashes).
     """
 
     __slots__ = (
@@ -37,7 +34,6 @@ class Node:
         "last_use",
         "reuse_interval",
         "wanted",
-        "grid_hashes",
         "alive",
         "id",
         "meta",
@@ -70,7 +66,6 @@ class Node:
         self.last_use = 0
         self.reuse_interval = 0
         self.wanted = -1
-        self.grid_hashes = NO_HASHES
         self.alive = True
         self.id = next(_ids)
         self.meta: Any = None

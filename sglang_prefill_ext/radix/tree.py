@@ -2,7 +2,7 @@
 
 Semantics mirror SGLang's RadixCache (what a match returns and splits, what an insert touches, which
 leaves are evictable and in what order), so the adapter can be a drop-in; the speed comes from
-memcmp comparisons, grid-hash jumps and match handles instead of per-node key slicing.
+memcmp comparisons over stored token bytes (no key slicing, no hashing) and match handles.
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ import numpy as np
 
 from sglang_prefill_ext.radix.counters import TreeCounters
 from sglang_prefill_ext.radix.eviction import TAIL_EVICTING, Clock, ReuseStats, eviction_key
-from sglang_prefill_ext.radix.grid_index import GridIndex
 from sglang_prefill_ext.radix.handle import MatchHandle
 from sglang_prefill_ext.radix.node import Node
-from sglang_prefill_ext.radix.page_hash import GridHasher, grid_step
 from sglang_prefill_ext.radix.query import Query
 from sglang_prefill_ext.radix.tokens import TOKEN_BYTES, common_prefix_len
 from sglang_prefill_ext.radix.values import NumpyValues, ValueOps
@@ -38,8 +36,7 @@ class InsertOutcome:
 class PrefixTree:
     """Token prefixes -> opaque slot arrays, with SGLang RadixCache's match/insert/evict semantics.
 
-    `on_split(prefix, tail)` runs after a node splits, for adapters that keep per-node metadata;
-    `hasher` sets the grid (default: the smallest multiple of the page size >= 64 tokens).
+    `on_split(prefix, tail)` runs after a node splits, for adapters that keep per-node metadata.
     Times are a logical clock read wherever RadixCache reads `time.monotonic()`, so LRU/FIFO orders
     are the same as stock's.
     """
@@ -50,7 +47,6 @@ class PrefixTree:
         eviction: str = "lru",
         values: ValueOps | None = None,
         on_split: SplitHook | None = None,
-        hasher: GridHasher | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -60,10 +56,6 @@ class PrefixTree:
         self._evict_tails = self.eviction in TAIL_EVICTING
         self.values = values or NumpyValues()
         self._on_split = on_split
-        self._hasher = hasher or GridHasher(grid_step(page_size))
-        if self._hasher.step % page_size:
-            raise ValueError(f"grid step {self._hasher.step} is not a multiple of page_size {page_size}")
-        self.index = GridIndex(self._hasher.step)
         self.counters = TreeCounters()
         self._clock = 0
         self.uses = 0  # requests cached (inserts that are not a request's own re-insert)
@@ -76,7 +68,6 @@ class PrefixTree:
         self.epoch += 1
         self.root = Node(b"", self.values.empty(), None, 0, None, self._tick(), priority=-sys.maxsize)
         self.root.lock_ref = 1
-        self.index.clear()
         self.evictable_leaves: set[Node] = set()
         self.reuse_stats = ReuseStats()  # a flushed cache learns its next workload afresh
         self.evictable_tokens = 0
@@ -85,7 +76,7 @@ class PrefixTree:
         self.counters.nodes = 0
 
     def query(self, tokens: np.ndarray, namespace: Hashable = None) -> Query:
-        return Query(tokens, namespace, self.page_size, self._hasher)
+        return Query(tokens, namespace, self.page_size)
 
     def nodes(self) -> Iterator[Node]:
         """Every node but the root, parents before children."""
@@ -103,7 +94,7 @@ class PrefixTree:
         resume = self._resume_point(query, handle)
         if resume is None:
             base_node, base_len, base_values = self.root, 0, None
-            node, offset = self._start(query)
+            node, offset = self.root, 0
         else:
             node, offset = resume
             base_len = node.depth + offset
@@ -148,9 +139,7 @@ class PrefixTree:
         """Cache `query` -> `value` (one slot per token); returns how much was already cached."""
         access = self._tick()
         self.uses += 0 if chunked else 1
-        # Hashing the whole key costs more than walking it; jump only if a match already hashed it.
-        start = self._start(query) if query.has_grid_hashes() else (self.root, 0)
-        node, offset = self._descend(query, *start)
+        node, offset = self._descend(query, self.root, 0)
         prefix_len = node.depth + offset
         partial = offset < node.size
         for matched in (node.parent if partial else node).path():
@@ -203,7 +192,6 @@ class PrefixTree:
         # A new turn of a conversation is reused with the prefix it extends.
         leaf.reuse_interval = parent.reuse_interval
         parent.children[self._child_key(parent, query, start)] = leaf
-        self.index.register(leaf, query, self._hasher.seed(query.namespace))
         self.evictable_tokens += leaf.size
         self.cached_tokens += leaf.size
         self.counters.nodes += 1
@@ -213,15 +201,6 @@ class PrefixTree:
         return leaf
 
     # ----- the shared walk -----
-
-    def _start(self, query: Query) -> tuple[Node, int]:
-        """A verified point deep in the tree to walk on from: the grid-hash jump, else the root."""
-        hit = self.index.deepest_hit(query)
-        if hit is not None:
-            node, position = hit
-            if self._verified(query, node, position):
-                return node, position - node.depth
-        return self.root, 0
 
     def _verified(self, query: Query, node: Node, position: int) -> bool:
         """query.tokens[:position] equals the stored path ending `position - node.depth` into `node`."""
@@ -299,7 +278,6 @@ class PrefixTree:
         node.parent = prefix
         parent.children[key] = prefix
         prefix.children[self._own_key(node)] = node
-        self.index.hand_over(prefix, node)
         self.counters.nodes += 1
         self.counters.splits += 1
         if self._on_split is not None:
@@ -371,7 +349,6 @@ class PrefixTree:
     def _remove_leaf(self, node: Node) -> None:
         parent = node.parent
         del parent.children[self._own_key(node)]
-        self.index.unregister(node)
         self.evictable_tokens -= node.size
         self.cached_tokens -= node.size
         self.evictable_leaves.discard(node)

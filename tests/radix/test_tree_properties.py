@@ -8,29 +8,18 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from sglang_prefill_ext.radix import MatchHandle, PrefixTree
 from sglang_prefill_ext.radix.eviction import POLICIES
-from sglang_prefill_ext.radix.page_hash import GridHasher
 from tests.radix.profiles import StepCounter, machine_settings
 from tests.radix.reference import ReferencePrefixCache
 from tests.radix.strategies import NAMESPACES, PICKS, TOKENS, grow_key
 
 
-class CollidingHasher(GridHasher):
-    """Every grid point of every key hashes alike: each jump is wrong and must fail verification."""
-
-    def prefix_hashes(self, tokens: np.ndarray, namespace: object) -> np.ndarray:
-        return np.zeros(len(tokens) // self.step, dtype=np.uint64)
-
-
 class TreeMachine(RuleBasedStateMachine):
     @initialize(
         page_size=st.sampled_from([1, 4]),
-        colliding=st.booleans(),
         policy=st.sampled_from(sorted(POLICIES)),
     )
-    def setup(self, page_size: int, colliding: bool, policy: str) -> None:
-        step = page_size * 2  # a short grid, so short keys exercise the hash jumps
-        hasher = CollidingHasher(step) if colliding else GridHasher(step)
-        self.tree = PrefixTree(page_size, policy, hasher=hasher)
+    def setup(self, page_size: int, policy: str) -> None:
+        self.tree = PrefixTree(page_size, policy)
         self.page_size = page_size
         self.model = ReferencePrefixCache(page_size)
         self.next_slot = 0

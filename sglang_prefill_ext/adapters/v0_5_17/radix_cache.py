@@ -3,7 +3,7 @@
 Same parameter and result types as stock (MatchPrefixParams, MatchResult, InsertParams, ...), same
 KV slot accounting with the allocator, same KV events. What differs is inside: a waiting request's
 repeated `match_prefix` extends its previous match (a `MatchHandle` kept per request) instead of
-walking the whole prompt again, and lookups jump deep with grid hashes and compare with memcmp.
+walking the whole prompt again, and lookups compare stored token bytes with memcmp.
 
 Set-up, match, insert, sizes, locks, eviction and debug views are shared with 0.5.23
 (`adapters.tree_backed`); here are 0.5.17's keys and results, its request caching and its KV events.
