@@ -8,6 +8,10 @@ work split) is made once and can be run by every layer that shares the layout.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import warnings
+
 import torch
 
 from .plan import PlanIndices, one_segment_indices
@@ -27,6 +31,29 @@ def to_token_major(o: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return o.view(num_kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, num_kv_heads * group, head_dim)
 
 
+# The FlashInfer whose private wrapper fields and planner argument lists `_plan_direct` writes (the
+# version SGLang 0.5.17 pins and the GPU numbers were measured with); newer ones change them.
+DIRECT_PLAN_FLASHINFER = "0.6.15.post1"
+
+
+@functools.cache
+def direct_planning_supported() -> bool:
+    """Whether the installed FlashInfer is DIRECT_PLAN_FLASHINFER; warns once when it is not."""
+    try:
+        found = importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        found = "not installed"
+    if found == DIRECT_PLAN_FLASHINFER:
+        return True
+    warnings.warn(
+        f"flashinfer-python {found}, not {DIRECT_PLAN_FLASHINFER}: block-sparse prefill plans through "
+        "FlashInfer's public plan() (slower planning at long contexts, same attention)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return False
+
+
 class BlockSparsePrefill:
     """Plan once, run per layer: causal attention of a batch's queries over kept blocks of the KV pool.
 
@@ -36,7 +63,8 @@ class BlockSparsePrefill:
     was most of the plan time. FlashInfer's own `VariableBlockSparseAttentionWrapper` calls the
     planner the same way. The public `plan` still runs, on a one-segment problem, whenever the
     kernel signature (group size, head_dim, dtype, scale, soft cap) changes: it picks the backend and
-    kernel module and keeps the run-time options; `fast=False` plans the whole batch through it.
+    kernel module and keeps the run-time options; `fast=False`, or a FlashInfer other than
+    DIRECT_PLAN_FLASHINFER, plans the whole batch through it.
     """
 
     def __init__(self, workspace: torch.Tensor, backend: str = "auto") -> None:
@@ -64,7 +92,7 @@ class BlockSparsePrefill:
     ) -> None:
         self._num_kv_heads = num_kv_heads
         signature = (num_qo_heads // num_kv_heads, head_dim, dtype, sm_scale, logits_soft_cap)
-        if not fast:
+        if not fast or not direct_planning_supported():
             self._plan_public(indices, signature)
         else:
             if signature != self._signature:
