@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 from sglang_prefill_ext.versions import supported_versions
 
@@ -37,3 +38,12 @@ def installed_version() -> str:
 def current(module: str | None = None) -> ModuleType:
     """`for_version` for the installed SGLang."""
     return for_version(installed_version(), module)
+
+
+def make_sglang_cache(page_size: int = 1, **kw: Any) -> Any:
+    """A simulated `PrefillExtRadixCache` for the installed SGLang; keywords as `RadixCache.create_simulated`
+    (`mock_allocator`, ...).
+
+    Raises LookupError, naming the supported versions, when the installed SGLang has no adapter.
+    """
+    return current("radix_cache").PrefillExtRadixCache.create_simulated(page_size=page_size, **kw)

@@ -12,8 +12,8 @@ pytest.importorskip("sglang.srt.mem_cache.radix_cache")
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 
 from sglang_prefill_ext import adapters  # noqa: E402
+from sglang_prefill_ext.adapters import make_sglang_cache  # noqa: E402
 from sglang_prefill_ext.config import PrefillExtConfig  # noqa: E402
-from sglang_prefill_ext.radix import make_sglang_cache  # noqa: E402
 
 PrefillExtRadixCache = adapters.current("radix_cache").PrefillExtRadixCache
 build_tree_cache = adapters.current("tree_cache").build_tree_cache

@@ -1,0 +1,38 @@
+"""Imports only point down: the version-free layers never import SGLang, torch or a layer above."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "sglang_prefill_ext"
+
+
+def imported_modules(folder: Path) -> dict[str, set[str]]:
+    """Module -> the absolute names it imports (relative imports resolved), for every file under `folder`."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(folder.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = module.rsplit(".", node.level)[0] if node.level else ""
+                names.add(".".join(p for p in (base, node.module) if p))
+        found[module] = names
+    return found
+
+
+@pytest.mark.parametrize(
+    ("layer", "allowed"),
+    [("radix", ("sglang_prefill_ext.radix",))],
+)
+def test_layer_imports_nothing_above_it(layer: str, allowed: tuple[str, ...]) -> None:
+    for module, names in imported_modules(PACKAGE / layer).items():
+        ours = {n for n in names if n.startswith("sglang_prefill_ext")}
+        above = sorted(n for n in ours if not n.startswith(allowed))
+        assert not above, f"{module} imports {above}"
+        assert not {n.split(".")[0] for n in names} & {"sglang", "torch"}, f"{module} imports {names}"
