@@ -4,14 +4,25 @@
 #             is set), measured by the TTFT harness against the same server with the flag off.
 #   CPU box:  apply the patch to the installed SGLang, replay workloads through stock and the
 #             extension (prefix tree and scheduling), print the comparison.
-# Env: PYTHON (interpreter with SGLang), SGLANG_VERSION [0.5.17], OUT [./out] (GPU results).
+# Ends with a summary (CPU) or run_ab.sh's report (GPU), then reverts SGLang to stock.
+# Env: PYTHON (interpreter with SGLang and this package), OUT [./out] (GPU results),
+#      KEEP_PATCHED=1: leave SGLang patched at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-export SGLANG_VERSION=${SGLANG_VERSION:-0.5.17}
+patch_cli() { "$PY" -m sglang_prefill_ext.cli "$@"; }
 
-PYTHON=$PY scripts/apply_patch.sh apply
-PYTHON=$PY scripts/apply_patch.sh status
+finish() {
+  if [ "${KEEP_PATCHED:-0}" = 1 ]; then
+    echo "== SGLang stays patched (KEEP_PATCHED=1); back to stock: make revert (or $PY -m sglang_prefill_ext.cli revert)"
+  else
+    patch_cli revert
+    echo "== SGLang reverted to stock (KEEP_PATCHED=1 make demo leaves it patched)"
+  fi
+}
+patch_cli apply
+trap finish EXIT
+patch_cli status
 
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "== CUDA found: stock vs extension servers, TTFT harness (bench/gpu/run_ab.sh)"
@@ -19,8 +30,11 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
     EXT_ARGS=${EXT_ARGS:-"--enable-prefill-ext"} \
     PY=$PY bash bench/gpu/run_ab.sh
 else
+  tables=$(mktemp -d)
   echo "== no CUDA: the same request traces through stock SGLang's scheduler and the extension's (CPU)"
-  "$PY" bench/schedule_replay.py --lpm-waiting 128
-  echo "== stock RadixCache vs the extension's prefix tree (CPU)"
-  "$PY" bench/radix_bench.py --lengths 8192 131072 --pages 1 16 --repeat 1
+  "$PY" bench/schedule_replay.py --lpm-waiting 128 | tee "$tables/replay.md"
+  echo "== stock RadixCache vs the extension's prefix tree, prompts sharing a few long prefixes (CPU)"
+  "$PY" bench/radix_bench.py --workload shared --lengths 32768 131072 --pages 1 16 --repeat 1 | tee "$tables/radix.md"
+  "$PY" bench/demo_summary.py "$tables/replay.md" "$tables/radix.md"
+  rm -rf "$tables"
 fi
