@@ -103,8 +103,8 @@ class PrefillExtConfig:
     )
     sparse_summaries: bool = _option(
         True,
-        "Pooled scorer: keep each full key block's pooled key next to the KV cache so cached prefixes are "
-        "never rescored.",
+        "Pooled and hybrid scorers: keep each full key block's pooled key next to the KV cache so cached "
+        "prefixes are never re-pooled.",
     )
     schedule: str = _option(
         "auto",
