@@ -29,6 +29,8 @@ def shown(default: object) -> str:
         return "unset"
     if isinstance(default, bool):
         return str(default).lower()
+    if isinstance(default, float):
+        return f"{default:g}"
     return "off" if default == "" else str(default)
 
 
