@@ -41,11 +41,11 @@ from sglang_prefill_ext.ops import (
     SparseSettings,
 )
 from sglang_prefill_ext.ops.plan import PlanIndices, build_plan_indices
+from sglang_prefill_ext.ops.settings import SCORERS
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 128
 TOPICS, TOPIC_AMPLITUDE, NEEDLES, NEEDLE_AMPLITUDE, TOKEN_NEEDLE_AMPLITUDE = 128, 10.0, 16, 12.0, 16.0
 SPARSE_LAYERS = 30  # a 32-layer model with --prefill-ext-sparse-dense-layers 2
-SCORERS = ("hybrid", "sampled", "pooled")
 DEV = "cuda"
 
 

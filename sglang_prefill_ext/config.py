@@ -12,16 +12,18 @@ import argparse
 import dataclasses
 from typing import Any
 
+from sglang_prefill_ext.ops.settings import SCORERS, SparseSettings
+from sglang_prefill_ext.radix.eviction import POLICIES
 from sglang_prefill_ext.runner.short_first import PassCost
 
 OPTIONS_DEST = "prefill_ext_options"
 ENABLE_FLAG = "--enable-prefill-ext"
-EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "cost", "reuse")
+EVICTION_POLICIES = tuple(POLICIES)
 # The tree's policy unless one is asked for: it beats or ties LRU on the replay's eviction table.
 DEFAULT_EVICTION = "reuse"
 SGLANG_DEFAULT_EVICTION = "lru"  # --radix-eviction-policy's default
 SCHEDULES = ("auto", "lpm-aging", "stock")
-SCORERS = ("hybrid", "sampled", "pooled")  # ops.settings.SCORERS (the ops layer validates them again)
+SPARSE = SparseSettings()  # the selection's own defaults
 
 
 class OptionError(ValueError):
@@ -50,7 +52,7 @@ class PrefillExtConfig:
         "flashinfer or fa3 attention backend; decode and short prompts keep the backend's own attention.",
     )
     sparse_scorer: str = _option(
-        "hybrid",
+        SPARSE.scorer,
         "How key blocks are chosen: 'pooled' (mean query . mean key per block pair against "
         "--prefill-ext-sparse-threshold), 'sampled' (a few exact query rows per query block and head attend "
         "over all keys; blocks are kept, largest first, until they hold --prefill-ext-sparse-mass of the "
@@ -58,15 +60,16 @@ class PrefillExtConfig:
         SCORERS,
     )
     sparse_mass: float = _option(
-        0.95,
+        SPARSE.mass,
         "Sampled scorer: keep the fewest, largest key blocks holding this fraction of each query block's "
         "estimated attention (mean over the KV head's query heads and the sampled rows); 1 keeps them all.",
     )
     sparse_samples: int = _option(
-        2, "Sampled scorer: query rows sampled per query block (the last, then evenly back to the first)."
+        SPARSE.samples,
+        "Sampled scorer: query rows sampled per query block (the last, then evenly back to the first).",
     )
     sparse_threshold: float = _option(
-        0.003,
+        SPARSE.threshold,
         "Pooled scorer: keep a key block when its estimated attention weight (from pooled Q/K) is at least "
         "this fraction of the row's best block, for any query head of the KV head's group; 0 keeps every block.",
     )
@@ -88,13 +91,17 @@ class PrefillExtConfig:
         "layout would not pay); 1 keeps every layout sparse.",
     )
     sparse_dense_layers: int = _option(2, "The first N layers always run dense attention.")
-    sparse_block_size: int = _option(128, "Tokens per query/key block of the sparse layout.")
-    sparse_sink_blocks: int = _option(1, "Leading key blocks every query block keeps (attention sinks).")
+    sparse_block_size: int = _option(SPARSE.block_size, "Tokens per query/key block of the sparse layout.")
+    sparse_sink_blocks: int = _option(
+        SPARSE.sink_blocks, "Leading key blocks every query block keeps (attention sinks)."
+    )
     sparse_local_blocks: int = _option(
-        4, "Key blocks right before and including the diagonal that every query block keeps (local window)."
+        SPARSE.local_blocks,
+        "Key blocks right before and including the diagonal that every query block keeps (local window).",
     )
     sparse_last_blocks: int = _option(
-        1, "The last N query blocks of each request's extend attend densely (e.g. the question at the end)."
+        SPARSE.last_blocks,
+        "The last N query blocks of each request's extend attend densely (e.g. the question at the end).",
     )
     sparse_per_layer: bool = _option(
         True,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,11 @@ def test_layer_imports_nothing_above_it(layer: str, allowed: tuple[str, ...]) ->
         above = sorted(n for n in ours if not n.startswith(allowed))
         assert not above, f"{module} imports {above}"
         assert not {n.split(".")[0] for n in names} & {"sglang", "torch"}, f"{module} imports {names}"
+
+
+def test_config_loads_without_torch() -> None:
+    """SGLang's server-args module imports the options; their sparse defaults come from
+    `ops.settings`, which must not pull torch in with it."""
+    probe = "import sys, sglang_prefill_ext.config; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -1,16 +1,27 @@
-"""Version-free sparse prefill ops: block layout, block selection (pooled Q/K, sampled rows), FlashInfer plan and run."""
+"""Version-free sparse prefill ops: block layout, block selection (pooled Q/K, sampled rows), FlashInfer plan and run.
 
-from .attention import BlockSparsePrefill
-from .layout import BlockLayout, context_locs
-from .settings import SparseSettings
-from .sparse_prefill import SparsePrefill
-from .summaries import KeySummaryCache
+The names below load on first use, so `ops.settings` (what `config` reads its sparse defaults from)
+imports without torch, Triton or FlashInfer.
+"""
 
-__all__ = [
-    "BlockLayout",
-    "BlockSparsePrefill",
-    "KeySummaryCache",
-    "SparsePrefill",
-    "SparseSettings",
-    "context_locs",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "BlockLayout": "layout",
+    "BlockSparsePrefill": "attention",
+    "KeySummaryCache": "summaries",
+    "SparsePrefill": "sparse_prefill",
+    "SparseSettings": "settings",
+    "context_locs": "layout",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
