@@ -102,7 +102,7 @@ def tree_fingerprint(tree: Any) -> list[Any]:
         )
         stack.extend(reversed(node.children.values()))
     evictable = sorted(_node_key(node) for node in tree.evictable_leaves)
-    return [rows, evictable, len(tree.index), tree.epoch, tree.counters.as_dict()]
+    return [rows, evictable, tree.epoch, tree.counters.as_dict()]
 
 
 def snapshot(rank: Any) -> Snapshot:
