@@ -132,7 +132,7 @@ def _attention(backend: str = "fa2") -> BlockSparsePrefill:
     return attention
 
 
-def test_direct_plan_passes_the_planner_what_the_wrapper_would() -> None:
+def test_direct_plan_passes_the_planner_what_the_wrapper_would(flashinfer_version: list[str]) -> None:
     _, layout, locs, _ = _setup([37, 0], [60, 45], 1, (8, 2))
     indices = build_plan_indices(_random_mask(layout, 2, 0.5), layout, locs)
     attention = _attention()
@@ -156,7 +156,7 @@ def test_direct_plan_passes_the_planner_what_the_wrapper_would() -> None:
     assert wrapper._paged_kv_indices_buf is indices.kv_indices and wrapper._plan_info == "info"
 
 
-def test_public_plan_runs_again_only_when_the_kernel_signature_changes() -> None:
+def test_public_plan_runs_again_only_when_the_kernel_signature_changes(flashinfer_version: list[str]) -> None:
     one = PlanIndices(torch.tensor([0, 3]), torch.tensor([0, 5]), torch.arange(5, dtype=torch.int32))
     attention = _attention("fa3")
     for scale in (0.1, 0.1, 0.2, 0.2):
@@ -168,7 +168,23 @@ def test_public_plan_runs_again_only_when_the_kernel_signature_changes() -> None
     assert wrapper.public_calls[-1][:2] == ([0, 3], [0, 5]) and len(wrapper.module_calls) == 4
 
 
-def test_direct_plan_refuses_backends_it_does_not_cover() -> None:
+def test_direct_plan_refuses_backends_it_does_not_cover(flashinfer_version: list[str]) -> None:
     one = PlanIndices(torch.tensor([0, 3]), torch.tensor([0, 5]), torch.arange(5, dtype=torch.int32))
     with pytest.raises(RuntimeError, match="trtllm-gen"):
         _attention("trtllm-gen").plan(one, 8, 2, 32, torch.bfloat16, 0.1)
+
+
+def test_other_flashinfer_plans_through_the_public_plan_with_one_warning(
+    flashinfer_version: list[str],
+) -> None:
+    """The direct planner writes private fields of one FlashInfer version; any other plans each batch
+    through FlashInfer's public `plan()` and says so once."""
+    flashinfer_version[0] = "0.7.2"
+    one = PlanIndices(torch.tensor([0, 3]), torch.tensor([0, 5]), torch.arange(5, dtype=torch.int32))
+    attention = _attention("fa3")
+    with pytest.warns(RuntimeWarning, match="flashinfer-python 0.7.2, not 0.6.15.post1") as caught:
+        for scale in (0.1, 0.2):
+            attention.plan(one, 8, 2, 32, torch.bfloat16, scale)
+    assert len(caught) == 1
+    wrapper = attention._wrapper
+    assert [call[:2] for call in wrapper.public_calls] == [([0, 3], [0, 5])] * 2 and not wrapper.module_calls
