@@ -81,7 +81,7 @@ def run_timed(
 ) -> TimedResult:
     """Replay `arrivals` on the simulated clock; each formed batch lasts `cost`'s prediction."""
     replay = sr.ReplayScheduler(config)
-    runner = getattr(replay.scheduler, "prefill_ext_runner", None)
+    runner = getattr(replay.scheduler, "prefill_ext_scheduler", None)
     clock = {"ms": 0.0}
     if runner is not None:
         runner.clock = lambda: clock["ms"] / 1e3

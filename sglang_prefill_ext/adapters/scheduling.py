@@ -314,8 +314,9 @@ class PrefillExtScheduler:
 S = TypeVar("S", bound=PrefillExtScheduler)
 
 
-def build_runner(cls: type[S], scheduler: Any, owns_request_log: Callable[[Any], bool]) -> S | None:
-    """`cls` for `scheduler` under `--enable-prefill-ext`, else None (stock scheduling).
+def build_scheduler(cls: type[S], scheduler: Any, owns_request_log: Callable[[Any], bool]) -> S | None:
+    """`cls` for `scheduler` under `--enable-prefill-ext`, else None (stock scheduling); its tree
+    cache keeps it as `prefill_ext_scheduler` too, for `released`.
 
     `owns_request_log(scheduler)`: this rank writes `--prefill-ext-log` (every TP / PP / CP rank
     schedules the same requests; one of them logs)."""
@@ -325,10 +326,21 @@ def build_runner(cls: type[S], scheduler: Any, owns_request_log: Callable[[Any],
     config = PrefillExtConfig.from_options(server_args.prefill_ext_options)
     if not owns_request_log(scheduler):
         config = dataclasses.replace(config, log=None)
-    return cls(
+    glue = cls(
         scheduler.policy,
         scheduler.tree_cache,
         config,
         scheduler.page_size,
         metrics=bool(getattr(server_args, "enable_metrics", False)),
     )
+    scheduler.tree_cache.prefill_ext_scheduler = glue
+    return glue
+
+
+def released(req: Req, tree_cache: Any) -> None:
+    """`release_kv_cache`'s hook (every finished or aborted request passes there): `req`'s
+    `--prefill-ext-log` line, written by the scheduler that owns `tree_cache` (none: the flag is off,
+    so the cache is stock, or this scheduler keeps no log)."""
+    glue = getattr(tree_cache, "prefill_ext_scheduler", None)
+    if glue is not None and glue.log is not None:
+        glue.released(req)

@@ -104,6 +104,8 @@ class PrefixTreeCacheMixin:
     tree: PrefixTree
     disable: bool
     token_to_kv_pool_allocator: Any
+    # The scheduler glue (adapters.scheduling.PrefillExtScheduler) serving from this cache, if any.
+    prefill_ext_scheduler: Any = None
 
     def _setup(
         self, params: CacheInitParams, config: PrefillExtConfig | None, on_split: SplitHook | None = None

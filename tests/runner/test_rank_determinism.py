@@ -108,7 +108,7 @@ def tree_fingerprint(tree: Any) -> list[Any]:
 def snapshot(rank: Any) -> Snapshot:
     """One pass of one rank: the scheduler's, the runner's and the tree's state after it."""
     s = rank.scheduler
-    runner = s.prefill_ext_runner.runner
+    runner = s.prefill_ext_scheduler.runner
     allocator = s.token_to_kv_pool_allocator
     cache = s.tree_cache
     return {

@@ -135,7 +135,7 @@ def test_flag_off_and_neutral_ext_make_stock_decisions(replay: ModuleType, polic
     trace = replay.burst(6, 1024, 64) + replay.shared_doc(2, 3, 700, 50)
     common = {"chunked_prefill_size": SMALL_CHUNK, "schedule_policy": policy}
     stock = run(replay, trace, ext=False, **common)
-    assert stock.scheduler.prefill_ext_runner is None
+    assert stock.scheduler.prefill_ext_scheduler is None
     neutral = run(
         replay,
         trace,
@@ -143,7 +143,7 @@ def test_flag_off_and_neutral_ext_make_stock_decisions(replay: ModuleType, polic
         extra_args=("--prefill-ext-dedup", "false", "--prefill-ext-schedule", "stock"),
         **common,
     )
-    assert neutral.scheduler.prefill_ext_runner is not None
+    assert neutral.scheduler.prefill_ext_scheduler is not None
     assert [s.admitted for s in neutral.steps] == [s.admitted for s in stock.steps]
 
 
@@ -200,9 +200,25 @@ def test_only_the_first_parallel_rank_writes_the_request_log(
         replay.ReplayConfig(ext=True, pool_tokens=POOL, extra_args=("--prefill-ext-log", str(log)))
     )
     with replayed.as_rank(**rank):
-        runner = adapter.build(replayed.scheduler)
-    assert (runner.log is not None) is writes
-    assert (adapter.REQUEST_LOG is runner) is writes
+        glue = adapter.build(replayed.scheduler)
+    assert (glue.log is not None) is writes
+    assert replayed.scheduler.tree_cache.prefill_ext_scheduler is glue
+
+
+def test_each_scheduler_writes_its_own_request_log(replay: ModuleType, tmp_path) -> None:
+    """Two schedulers in one process (say, two data-parallel ranks): each request's line lands in the
+    log of the scheduler that served it, whichever was built last."""
+    logs = [tmp_path / "first.jsonl", tmp_path / "second.jsonl"]
+    schedulers = [
+        replay.ReplayScheduler(
+            replay.ReplayConfig(ext=True, pool_tokens=POOL, extra_args=("--prefill-ext-log", str(log)))
+        )
+        for log in logs
+    ]
+    for scheduler, requests in zip(schedulers, (2, 3), strict=True):
+        for _ in replay.drive(scheduler, replay.burst(requests, 1000, 64)):
+            pass
+    assert [len(log.read_text().splitlines()) for log in logs] == [2, 3]
 
 
 def test_prometheus_counters_count_hits_and_dedup(replay: ModuleType) -> None:

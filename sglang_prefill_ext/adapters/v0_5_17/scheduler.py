@@ -1,15 +1,16 @@
 """SGLang 0.5.17's prefill scheduling, translated to the version-free `PrefillRunner`.
 
-The patched `Scheduler` holds one `PrefillExtScheduler` (`prefill_ext_runner`, None with the flag
-off) and calls it at three points of `_get_new_batch_prefill_raw`:
+The patched `Scheduler` holds one `PrefillExtScheduler` (`prefill_ext_scheduler`, None with the flag
+off; the patches import this module as `prefill_ext_scheduling`) and calls it at three points of `_get_new_batch_prefill_raw`:
 
 - `calc_priority(waiting_queue, running_batch)` in place of `SchedulePolicy.calc_priority`;
 - `defer(req, adder)` after `req.init_next_round_input`: True skips `req` this pass because its
   next uncached pages are in flight;
 - `admitted(adder)` once the queue loop ends: tracks the last admissions, publishes the counters.
 
-With `--prefill-ext-log`, the patched `release_kv_cache` (every finished or aborted request passes
-through it) calls `REQUEST_LOG.released(req)`.
+The patched `release_kv_cache` (every finished or aborted request passes through it) calls
+`released(req, tree_cache)`: the request's `--prefill-ext-log` line, written by the scheduler that
+owns that tree cache.
 
 What 0.5.17 spells its own way (where a request's match ends, when its pages landed, how stock
 matches a waiting request) is read here; the rest is `adapters.scheduling`, shared with 0.5.23, and
@@ -28,9 +29,6 @@ from sglang_prefill_ext.runner import Flight, Position
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.scheduler import Scheduler
-
-# The scheduler whose `--prefill-ext-log` the patched `release_kv_cache` feeds (None: no log).
-REQUEST_LOG: PrefillExtScheduler | None = None
 
 
 def landed(flight: Flight) -> bool:
@@ -80,8 +78,8 @@ def _owns_request_log(scheduler: Scheduler) -> bool:
 
 
 def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
-    """The scheduler's runner under `--enable-prefill-ext`, else None (stock scheduling)."""
-    global REQUEST_LOG
-    runner = scheduling.build_runner(PrefillExtScheduler, scheduler, _owns_request_log)
-    REQUEST_LOG = runner if runner is not None and runner.log is not None else None
-    return runner
+    """The scheduler's `PrefillExtScheduler` under `--enable-prefill-ext`, else None (stock scheduling)."""
+    return scheduling.build_scheduler(PrefillExtScheduler, scheduler, _owns_request_log)
+
+
+released = scheduling.released

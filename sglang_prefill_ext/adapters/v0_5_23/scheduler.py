@@ -1,10 +1,11 @@
 """SGLang 0.5.23's prefill scheduling, translated to the version-free `PrefillRunner`.
 
-The patched `Scheduler` holds one `PrefillExtScheduler` (`prefill_ext_runner`, None with the flag
-off) and calls it where 0.5.17's does (`patches/sglang-0.5.23/0003-scheduler.patch`): in place of
+The patched `Scheduler` holds one `PrefillExtScheduler` (`prefill_ext_scheduler`, None with the flag
+off) and calls it where 0.5.17's does (`patches/sglang-0.5.23/0003-scheduler.patch`, imported
+there as `prefill_ext_scheduling`): in place of
 `SchedulePolicy.calc_priority` (which 0.5.23 also passes `processed_tokens`), `defer(req, adder)`
 after `req.init_next_round_input(tree_cache)`, `admitted(adder)` after the queue loop, and
-`REQUEST_LOG.released(req)` in `release_kv_cache` under `--prefill-ext-log`.
+`released(req, tree_cache)` in `release_kv_cache` (the `--prefill-ext-log` line).
 
 What 0.5.23 spells differently from 0.5.17, all read here: a request's KV state lives in `req.kv`
 (`holds_kv`, `cache_protected_len`: what the tree owns after `checkpoint`), its match in
@@ -26,9 +27,6 @@ from sglang_prefill_ext.runner import Flight, Position
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.scheduler import Scheduler
-
-# The scheduler whose `--prefill-ext-log` the patched `release_kv_cache` feeds (None: no log).
-REQUEST_LOG: PrefillExtScheduler | None = None
 
 
 class PrefillExtScheduler(scheduling.PrefillExtScheduler):
@@ -67,8 +65,8 @@ def _owns_request_log(scheduler: Scheduler) -> bool:
 
 
 def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
-    """The scheduler's runner under `--enable-prefill-ext`, else None (stock scheduling)."""
-    global REQUEST_LOG
-    runner = scheduling.build_runner(PrefillExtScheduler, scheduler, _owns_request_log)
-    REQUEST_LOG = runner if runner is not None and runner.log is not None else None
-    return runner
+    """The scheduler's `PrefillExtScheduler` under `--enable-prefill-ext`, else None (stock scheduling)."""
+    return scheduling.build_scheduler(PrefillExtScheduler, scheduler, _owns_request_log)
+
+
+released = scheduling.released
