@@ -60,8 +60,8 @@ class PrefillExtScheduler:
         self.runner = PrefillRunner(
             page_size,
             dedup=config.dedup,
-            min_shared_tokens=config.dedup_min_tokens,
-            max_dedup_passes=config.dedup_max_wait_passes,
+            dedup_min_tokens=config.dedup_min_tokens,
+            dedup_max_wait_passes=config.dedup_max_wait_passes,
             max_wait_passes=config.max_wait_passes,
             protect_waiting=config.protect_waiting,
         )

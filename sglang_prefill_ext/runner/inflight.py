@@ -51,11 +51,11 @@ class Flight:
 class InflightRegistry:
     """At most one flight per producer (a chunked request's current chunk replaces its last)."""
 
-    def __init__(self, page_size: int, min_shared_tokens: int) -> None:
+    def __init__(self, page_size: int, dedup_min_tokens: int) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
-        self.min_shared_tokens = max(min_shared_tokens, page_size)
+        self.dedup_min_tokens = max(dedup_min_tokens, page_size)
         self._by_key: dict[FlightKey, list[Flight]] = {}
         self._by_producer: dict[Hashable, tuple[FlightKey, Flight]] = {}
 
@@ -106,6 +106,6 @@ class InflightRegistry:
             limit = min(flight.length, len(tokens) - start)
             same = common_prefix_len(flight.tokens, 0, tokens[start : start + limit], limit)
             same -= same % self.page_size
-            if same >= self.min_shared_tokens and (best is None or same > best[1]):
+            if same >= self.dedup_min_tokens and (best is None or same > best[1]):
                 best = (flight, same)
         return best

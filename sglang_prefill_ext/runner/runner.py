@@ -15,7 +15,7 @@ Each scheduling pass the adapter calls, in order:
 
 Progress: a deferred request waits on a flight, and flights only exist for requests the scheduler
 has just put into a batch; the batch runs, so the flight lands (or its producer stops) within a
-bounded number of passes and is dropped in `begin_pass`. `max_dedup_passes` bounds the wait even if
+bounded number of passes and is dropped in `begin_pass`. `dedup_max_wait_passes` bounds the wait even if
 an adapter never reports the landing: past it, the request computes the pages itself.
 """
 
@@ -48,16 +48,16 @@ class PrefillRunner:
         self,
         page_size: int,
         dedup: bool = True,
-        min_shared_tokens: int = 64,
-        max_dedup_passes: int = 256,
+        dedup_min_tokens: int = 64,
+        dedup_max_wait_passes: int = 256,
         max_wait_passes: int = 32,
         protect_waiting: bool = True,
     ) -> None:
         self.dedup = dedup
         self.protect_waiting = protect_waiting
-        self.max_dedup_passes = max_dedup_passes
+        self.dedup_max_wait_passes = dedup_max_wait_passes
         self.max_wait_passes = max_wait_passes
-        self.flights = InflightRegistry(page_size, min_shared_tokens)
+        self.flights = InflightRegistry(page_size, dedup_min_tokens)
         self.counters = RunnerCounters()
         self._states: dict[Hashable, WaitState] = {}
         self._arrivals = itertools.count()
@@ -144,7 +144,7 @@ class PrefillRunner:
         if found is None:
             return False
         state = self.state(item)
-        if state.dedup_passes >= self.max_dedup_passes:
+        if state.dedup_passes >= self.dedup_max_wait_passes:
             self.counters.dedup_timeouts += 1
             return False
         state.dedup_passes += 1

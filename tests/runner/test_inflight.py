@@ -13,7 +13,7 @@ def tokens(*runs: range) -> np.ndarray:
 
 
 def test_waiter_sees_the_pages_a_producer_computes() -> None:
-    registry = InflightRegistry(page_size=1, min_shared_tokens=8)
+    registry = InflightRegistry(page_size=1, dedup_min_tokens=8)
     producer = tokens(range(0, 100))
     registry.add("p", Position(None, "root", producer, 0), 100)
     flight, shared = registry.shared(Position(None, "root", tokens(range(0, 60), range(500, 540)), 0))
@@ -22,7 +22,7 @@ def test_waiter_sees_the_pages_a_producer_computes() -> None:
 
 
 def test_sharing_is_verified_token_by_token() -> None:
-    registry = InflightRegistry(page_size=1, min_shared_tokens=8)
+    registry = InflightRegistry(page_size=1, dedup_min_tokens=8)
     registry.add("p", Position(None, "root", tokens(range(0, 100)), 0), 100)
     # Same key (anchor, start, first page) but the tokens differ from the 5th on: below the minimum.
     assert registry.shared(Position(None, "root", tokens(range(0, 4), range(900, 990)), 0)) is None
@@ -34,14 +34,14 @@ def test_sharing_is_verified_token_by_token() -> None:
 def test_other_namespace_anchor_or_start_is_not_shared(
     namespace: str | None, anchor: str, start: int
 ) -> None:
-    registry = InflightRegistry(page_size=16, min_shared_tokens=16)
+    registry = InflightRegistry(page_size=16, dedup_min_tokens=16)
     data = tokens(range(0, 256))
     registry.add("p", Position(None, "root", data, 0), 256)
     assert registry.shared(Position(namespace, anchor, data, start)) is None
 
 
 def test_flights_cover_whole_pages_only() -> None:
-    registry = InflightRegistry(page_size=16, min_shared_tokens=16)
+    registry = InflightRegistry(page_size=16, dedup_min_tokens=16)
     data = tokens(range(0, 100))
     flight = registry.add("p", Position(None, "root", data, 0), 100)
     assert (flight.start, flight.end) == (0, 96)
@@ -51,7 +51,7 @@ def test_flights_cover_whole_pages_only() -> None:
 
 
 def test_a_producer_has_one_flight_and_drop_forgets_it() -> None:
-    registry = InflightRegistry(page_size=1, min_shared_tokens=1)
+    registry = InflightRegistry(page_size=1, dedup_min_tokens=1)
     data = tokens(range(0, 64))
     registry.add("p", Position(None, "root", data, 0), 32)
     registry.add("p", Position(None, "mid", data, 32), 64)  # the next chunk replaces the last
@@ -64,7 +64,7 @@ def test_a_producer_has_one_flight_and_drop_forgets_it() -> None:
 
 
 def test_the_longest_of_several_flights_wins() -> None:
-    registry = InflightRegistry(page_size=1, min_shared_tokens=1)
+    registry = InflightRegistry(page_size=1, dedup_min_tokens=1)
     registry.add("short", Position(None, "root", tokens(range(0, 10), range(800, 900)), 0), 110)
     registry.add("long", Position(None, "root", tokens(range(0, 80), range(900, 930)), 0), 110)
     flight, shared = registry.shared(Position(None, "root", tokens(range(0, 100)), 0))

@@ -42,7 +42,7 @@ def test_waiter_defers_until_the_flight_lands_then_proceeds() -> None:
 
 
 def test_a_flight_that_never_lands_is_waited_on_a_bounded_number_of_passes() -> None:
-    runner = PrefillRunner(page_size=1, max_dedup_passes=3)
+    runner = PrefillRunner(page_size=1, dedup_max_wait_passes=3)
     runner.begin_pass(["a", "b"], lambda flight: False)
     runner.track("a", Position(None, "root", prompt(0), 0), 544)
     deferred = 0
