@@ -85,6 +85,23 @@ def test_make_refuses_an_unsupported_version_by_name() -> None:
     )
 
 
+def test_make_patches_the_given_python_s_sglang_without_a_venv(sglang_copy: Path) -> None:
+    """`make status|apply|revert PYTHON=...` runs the CLI with that interpreter and builds nothing."""
+    before = tree_hashes(sglang_copy)
+
+    def make(verb: str) -> str:
+        argv = ["make", "-s", "-C", str(REPO), verb, f"PYTHON={sys.executable}", f"SGLANG_DIR={sglang_copy}"]
+        result = subprocess.run(argv, capture_output=True, text=True, check=True)
+        assert "venv" not in result.stdout + result.stderr
+        return result.stdout
+
+    assert make("status").strip().endswith(": not applied")
+    make("apply")
+    assert make("status").strip().endswith(": applied")
+    make("revert")
+    assert tree_hashes(sglang_copy) == before
+
+
 def test_one_supported_version_list() -> None:
     """The patch folders are the list: each has an adapter package and pinned requirements, and
     no adapter package exists without them."""
