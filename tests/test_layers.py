@@ -29,15 +29,19 @@ def imported_modules(folder: Path) -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize(
-    ("layer", "allowed"),
-    [("radix", ("sglang_prefill_ext.radix",))],
+    ("layer", "allowed", "foreign"),
+    [
+        ("radix", ("sglang_prefill_ext.radix",), {"sglang", "torch"}),
+        ("runner", ("sglang_prefill_ext.runner", "sglang_prefill_ext.radix"), {"sglang", "torch"}),
+        ("ops", ("sglang_prefill_ext.ops",), {"sglang"}),
+    ],
 )
-def test_layer_imports_nothing_above_it(layer: str, allowed: tuple[str, ...]) -> None:
+def test_layer_imports_nothing_above_it(layer: str, allowed: tuple[str, ...], foreign: set[str]) -> None:
     for module, names in imported_modules(PACKAGE / layer).items():
         ours = {n for n in names if n.startswith("sglang_prefill_ext")}
         above = sorted(n for n in ours if not n.startswith(allowed))
         assert not above, f"{module} imports {above}"
-        assert not {n.split(".")[0] for n in names} & {"sglang", "torch"}, f"{module} imports {names}"
+        assert not {n.split(".")[0] for n in names} & foreign, f"{module} imports {names}"
 
 
 def test_config_loads_without_torch() -> None:
