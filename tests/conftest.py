@@ -53,7 +53,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     except PatchError:
         return  # no (supported) SGLang here: the `patched_sglang` fixture says why
     session.stash[_WAS_APPLIED] = patches.status() == "applied"
-    patches.apply()
+    try:
+        patches.apply()
+    except PatchError as e:  # a foreign change in the venv's SGLang: say which, run nothing
+        pytest.exit(f"cannot patch the venv's SGLang: {e}", returncode=2)
     session.stash[_PATCHED] = patches
 
 

@@ -118,8 +118,9 @@ class PatchSet:
     """The patches of one SGLang version, bound to one installed tree."""
 
     def __init__(self, version: str, sglang_dir: Path, root: Path = PATCHES_ROOT):
-        supported = ", ".join(supported_versions(root)) or "none"
-        if version not in supported_versions(root):
+        versions = supported_versions(root)
+        supported = ", ".join(versions) or "none"
+        if version not in versions:
             raise PatchError(f"no patches for SGLang {version}; supported versions: {supported}")
         found = installed_version(sglang_dir)
         if found != version:
