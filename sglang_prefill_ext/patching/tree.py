@@ -41,7 +41,7 @@ class Inspection:
     other: str | None  # PRISTINE: the patched content; PATCHED: the stock content
 
 
-def record_digest(data: bytes) -> str:
+def _record_digest(data: bytes) -> str:
     """A file's hash as a wheel's RECORD writes it."""
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
@@ -60,7 +60,7 @@ class TargetFile:
             return f.read()
 
     def _is_stock(self, content: str) -> bool:
-        return record_digest(content.encode("utf-8")) == self.stock_digest
+        return _record_digest(content.encode("utf-8")) == self.stock_digest
 
     def inspect(self) -> Inspection:
         content = self.read()
@@ -75,9 +75,6 @@ class TargetFile:
         if stock is not None and self._is_stock(stock) and unidiff.apply(self.diff, stock) == content:
             return Inspection(FileState.PATCHED, content, stock)
         return Inspection(FileState.FOREIGN, content, None)
-
-    def state(self) -> FileState:
-        return self.inspect().state
 
 
 def installed_sglang_dir() -> Path:
