@@ -19,8 +19,10 @@ from sglang_prefill_ext.runner.short_first import PassCost
 OPTIONS_DEST = "prefill_ext_options"
 ENABLE_FLAG = "--enable-prefill-ext"
 EVICTION_POLICIES = tuple(POLICIES)
-# The tree's policy unless one is asked for: it beats or ties LRU on the replay's eviction table.
-DEFAULT_EVICTION = "reuse"
+# The tree's policy unless one is asked for: SGLang's own order (plus --prefill-ext-protect-waiting),
+# which ties or beats stock LRU on every replay trace. `reuse` beats it on every replay trace but
+# recomputed 0.5 % more than stock on the H200 pressure phase (bench/results/2026-12-01-h200-eviction.md).
+DEFAULT_EVICTION = "lru"
 SGLANG_DEFAULT_EVICTION = "lru"  # --radix-eviction-policy's default
 SCHEDULES = ("auto", "lpm-aging", "stock")
 SPARSE = SparseSettings()  # the selection's own defaults
@@ -43,7 +45,7 @@ class PrefillExtConfig:
         "time, times a per-token cost growing with depth) or 'reuse' (the leaf predicted to be reused "
         "last, from each node's reuse interval while intervals repeat, else least recently used; only "
         "the tail still needed is taken from the last leaf). Unset: SGLang's --radix-eviction-policy "
-        "when set to other than its default (lru), else reuse.",
+        "(lru by default).",
         EVICTION_POLICIES,
     )
     sparse: bool = _option(

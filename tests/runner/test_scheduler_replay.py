@@ -278,16 +278,16 @@ def test_waiting_prefixes_are_evicted_last_so_ext_never_computes_more(replay: Mo
         assert unprotected.prefill_tokens > stock.prefill_tokens  # the case being fixed
 
 
-def test_the_default_eviction_keeps_a_loop_of_conversations_whole(replay: ModuleType) -> None:
+def test_reuse_eviction_keeps_a_loop_of_conversations_whole(replay: ModuleType) -> None:
     """The pressure phase's shape, scaled down: conversations served round-robin, two at a time,
-    final contexts twice the pool. Stock LRU evicts the conversation served next, every turn; the
-    default ('reuse') evicts the one served last, so the rest hit, near Belady's optimum."""
+    final contexts twice the pool. Stock LRU evicts the conversation served next, every turn;
+    `reuse` evicts the one served last, so the rest hit, near Belady's optimum."""
     pool = 8192
     trace = replay.cyclic_multi_turn(2.0, pool, first=512, tool=768)
     ideal = replay.ideal_prefill_tokens(trace)
     common = {"pool_tokens": pool, "chunked_prefill_size": 1024}
     stock = run(replay, trace, ext=False, **common)
-    ext = run(replay, trace, ext=True, **common)
+    ext = run(replay, trace, ext=True, extra_args=("--prefill-ext-eviction", "reuse"), **common)
     lru, ours = stock.prefill_tokens - ideal, ext.prefill_tokens - ideal
     order = replay.admission_order(stock)
     by_rid = {t.rid: t for t in trace}
