@@ -106,13 +106,19 @@ def multi_turn(conversations: int, turns: int, system: int, user: int, seed: int
 
 
 def cyclic_multi_turn(
-    ratio: float, pool: int, turns: int = 4, first: int = 4096, tool: int = 6144, concurrency: int = 2
+    ratio: float,
+    pool: int,
+    turns: int = 4,
+    first: int = 4096,
+    tool: int = 6144,
+    concurrency: int = 2,
+    output: int = 1,
 ) -> list[TraceReq]:
     """bench/ttft_bench.py's pressure workload: enough conversations for their final contexts to
     be `ratio` x `pool`, served turn by turn, round-robin, `concurrency` requests at a time (a
     request starts when the one `concurrency` places before it finished, a turn when the previous
-    one did); turn k+1 = turn k's prompt + its output + `tool` new tokens."""
-    final = first + (turns - 1) * (1 + tool)
+    one did); turn k+1 = turn k's prompt + its `output` tokens (decoded one a step) + `tool` new tokens."""
+    final = first + (turns - 1) * (output + tool)
     sessions = max(2, math.ceil(ratio * pool / final))
     rng = random.Random(7)
     prompts = [_tokens(rng, first) for _ in range(sessions)]
@@ -121,10 +127,9 @@ def cyclic_multi_turn(
         previous_turn = tuple(r.rid for r in reqs[-sessions:])
         for s in range(sessions):
             ahead = (reqs[-concurrency].rid,) if len(reqs) >= concurrency else ()
-            reqs.append(
-                TraceReq(f"s{s}t{t}", tuple(prompts[s]), after=tuple(dict.fromkeys(previous_turn + ahead)))
-            )
-            prompts[s] = prompts[s] + [OUTPUT_TOKEN] + _tokens(rng, tool)
+            after = tuple(dict.fromkeys(previous_turn + ahead))
+            reqs.append(TraceReq(f"s{s}t{t}", tuple(prompts[s]), after=after, max_new_tokens=output))
+            prompts[s] = prompts[s] + [OUTPUT_TOKEN] * output + _tokens(rng, tool)
     return reqs
 
 
@@ -181,6 +186,7 @@ EVICTION_TRACES: dict[str, Callable[[], list[TraceReq]]] = {
 # (`--mem-fraction-static 0.2`, 8B-shaped model).
 CYCLIC_RATIOS = (1.5, 2.0, 3.0)
 PRESSURE_POOL = 104_438
+PRESSURE_OUTPUT = 32  # bench/ttft_bench.py --max-new-tokens: the GPU pressure phase's decodes
 
 
 def ideal_prefill_tokens(trace: list[TraceReq], page_size: int = 1) -> int:
@@ -268,6 +274,7 @@ class ReplayScheduler:
         self.prefill_tokens = 0
         self.finished: dict[str, object] = {}
         self._pending = None
+        self.decode_steps = 0
 
     # ----- requests in -----
 
@@ -275,6 +282,7 @@ class ReplayScheduler:
         params = SamplingParams(max_new_tokens=trace_req.max_new_tokens)
         params.normalize(None)
         req = Req(trace_req.rid, "", array("q", trace_req.tokens), params)
+        req.vocab_size = self.scheduler.model_config.vocab_size  # checked when a request decodes
         req.time_stats.wait_queue_entry_time = time.perf_counter()
         self.scheduler.waiting_queue.append(req)
         return req
@@ -293,6 +301,8 @@ class ReplayScheduler:
         self.steps.append(StepRecord(admitted, cpu_s))
         if batch is not None:
             self.prefill_tokens += batch.extend_num_tokens
+        elif not self.running_batch.is_empty():
+            self._decode()  # SGLang's event loop: decode only when no prefill batch forms
         if self.config.overlap:
             self._pending, batch = batch, self._pending
         if batch is not None:
@@ -303,10 +313,37 @@ class ReplayScheduler:
             self.finished[req.rid] = req
             # get_next_batch_to_run: the batch shrank, so the scheduler may admit again.
             self.running_batch.batch_is_full = False
+        # Requests with more tokens to generate join the running (decode) batch, as in
+        # `get_next_batch_to_run`: finished ones and the continuing chunked request stay out.
+        keep = [i for i, r in enumerate(batch.reqs) if not r.finished() and r is not batch.chunked_req]
+        if keep:
+            batch.filter_batch(keep_indices=keep)
+            if self.running_batch.is_empty():
+                batch.batch_is_full = False
+                self.running_batch = batch
+            else:
+                self.running_batch.merge_batch(batch)
+
+    def _decode(self) -> None:
+        """One decode step: SGLang's own `prepare_for_decode` allocates a KV slot per running request
+        (evicting from the tree when the pool is short); each request emits `OUTPUT_TOKEN`, and those
+        reaching their `max_new_tokens` are released into the tree as `process_batch_result_decode` does."""
+        batch = self.running_batch
+        batch.prepare_for_decode()
+        for req in self.kit.finish_decode(self.scheduler, batch, OUTPUT_TOKEN):
+            self.finished[req.rid] = req
+        batch.filter_batch()
+        batch.batch_is_full = False
+        self.decode_steps += 1
 
     def busy(self) -> bool:
         s = self.scheduler
-        return bool(s.waiting_queue) or s.chunked_req is not None or self._pending is not None
+        return (
+            bool(s.waiting_queue)
+            or s.chunked_req is not None
+            or self._pending is not None
+            or not self.running_batch.is_empty()
+        )
 
     def abort(self, rid: str) -> None:
         """SGLang's abort of a request: waiting -> dropped; chunked -> `process_pending_chunked_abort`."""
@@ -341,6 +378,7 @@ class ReplayScheduler:
             live.append(s.chunked_req)
         if self._pending is not None:
             live.extend(r for r in self._pending.reqs if self.kit.holds_kv(r))
+        live.extend(r for r in self.running_batch.reqs if self.kit.holds_kv(r))  # decoding
         owned = [self.kit.owned_slots(s, r) for r in dict.fromkeys(live)]
         return {
             "free": pages.to(torch.int64),
@@ -523,6 +561,11 @@ def eviction_cases(
         name = f"cyclic-{ratio:g}x"
         if names is None or name in names:
             yield name, cyclic_multi_turn(ratio, cyclic_pool), cyclic_pool
+    # the GPU's pressure phase with its decodes: each request then caches its KV twice (after its
+    # prefill, at its finish), which is what hid `reuse`'s gain there
+    name = f"cyclic-2x-decode{PRESSURE_OUTPUT}"
+    if names is None or name in names:
+        yield name, cyclic_multi_turn(2.0, cyclic_pool, output=PRESSURE_OUTPUT), cyclic_pool
 
 
 def eviction_rows(
@@ -606,7 +649,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--eviction-trace",
         action="append",
-        choices=[*EVICTION_TRACES, *(f"cyclic-{r:g}x" for r in CYCLIC_RATIOS)],
+        choices=[
+            *EVICTION_TRACES,
+            *(f"cyclic-{r:g}x" for r in CYCLIC_RATIOS),
+            f"cyclic-2x-decode{PRESSURE_OUTPUT}",
+        ],
         help="eviction table: only these traces (default: all)",
     )
     args = parser.parse_args(argv)

@@ -189,6 +189,19 @@ def abort_chunked(scheduler: Any) -> None:
     type(scheduler).process_pending_chunked_abort(scheduler)
 
 
+def finish_decode(batch: Any, output_token: int, release: Callable[[Any], None]) -> list[Any]:
+    """`process_batch_result_decode` for a model that emits `output_token`; `release(req)` caches a
+    finished request as the version does. Returns the requests it finished."""
+    finished = []
+    for req in batch.reqs:
+        req.output_ids.append(output_token)
+        req.update_finish_state()
+        if req.finished():
+            release(req)
+            finished.append(req)
+    return finished
+
+
 def finish_prefill(
     batch: Any, output_token: int, release: Callable[[Any], None], checkpoint: Callable[[Any], None]
 ) -> list[Any]:

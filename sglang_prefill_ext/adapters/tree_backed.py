@@ -212,8 +212,10 @@ class PrefixTreeCacheMixin:
         outcome = self._insert(query, value, params.priority or 0, self._is_reinsert(params))
         return InsertResult(prefix_len=outcome.prefix_len, last_device_node=outcome.last_node)
 
-    def _insert(self, query: Query, value: torch.Tensor, priority: int, chunked: bool) -> InsertOutcome:
-        outcome = self.tree.insert(query, value, priority, chunked)
+    def _insert(
+        self, query: Query, value: torch.Tensor, priority: int, chunked: bool, repeat: bool = False
+    ) -> InsertOutcome:
+        outcome = self.tree.insert(query, value, priority, chunked, repeat)
         if outcome.new_leaf is not None:
             self._on_stored(outcome.new_leaf)
         return outcome

@@ -135,44 +135,51 @@ class PrefixTree:
 
     # ----- insert -----
 
-    def insert(self, query: Query, value: Any, priority: int = 0, chunked: bool = False) -> InsertOutcome:
-        """Cache `query` -> `value` (one slot per token); returns how much was already cached."""
+    def insert(
+        self, query: Query, value: Any, priority: int = 0, chunked: bool = False, repeat: bool = False
+    ) -> InsertOutcome:
+        """Cache `query` -> `value` (one slot per token); returns how much was already cached.
+
+        `chunked`: a chunked request caching a chunk (no hit, no use). `repeat`: a request caching
+        again what it cached before (a decoding request's finish after its prefill's insert): a hit as
+        SGLang counts hits, but not a new use for the reuse intervals."""
         access = self._tick()
-        self.uses += 0 if chunked else 1
+        self.uses += 0 if chunked or repeat else 1
         node, offset = self._descend(query, self.root, 0)
         prefix_len = node.depth + offset
         partial = offset < node.size
         for matched in (node.parent if partial else node).path():
-            self._mark_used(matched, access, priority, chunked)
+            self._mark_used(matched, access, priority, chunked, repeat)
         self.root.last_access = access
         self.root.priority = max(self.root.priority, priority)
         if partial:
             node.last_access = access
             node = self._split(node, offset)
             node.priority = max(node.priority, priority)
-            self._count_use(node, chunked)
+            self._count_use(node, chunked, repeat)
         new_leaf = None
         if prefix_len < query.length:
             new_leaf = self._add_leaf(node, query, prefix_len, value, priority, chunked)
             node = new_leaf
         return InsertOutcome(prefix_len, node, new_leaf)
 
-    def _mark_used(self, node: Node, access: int, priority: int, chunked: bool) -> None:
+    def _mark_used(self, node: Node, access: int, priority: int, chunked: bool, repeat: bool) -> None:
         node.last_access = access
         node.priority = max(node.priority, priority)
-        self._count_use(node, chunked)
+        self._count_use(node, chunked, repeat)
 
-    def _count_use(self, node: Node, chunked: bool) -> None:
+    def _count_use(self, node: Node, chunked: bool, repeat: bool = False) -> None:
         # A chunked request re-inserting its own earlier chunks is not a reuse.
         if chunked:
             return
-        if node.hit_count:
-            interval = self.uses - node.last_use
-            self.reuse_stats.observe(node.reuse_interval, interval)
-            node.reuse_interval = interval
-        else:  # a chunk's node, used for the first time by the request that computed it
-            node.reuse_interval = node.parent.reuse_interval
-        node.last_use = self.uses
+        if not repeat:
+            if node.hit_count:
+                interval = self.uses - node.last_use
+                self.reuse_stats.observe(node.reuse_interval, interval)
+                node.reuse_interval = interval
+            else:  # a chunk's node, used for the first time by the request that computed it
+                node.reuse_interval = node.parent.reuse_interval
+            node.last_use = self.uses
         node.hit_count += 1
 
     def _add_leaf(

@@ -278,12 +278,14 @@ def test_waiting_prefixes_are_evicted_last_so_ext_never_computes_more(replay: Mo
         assert unprotected.prefill_tokens > stock.prefill_tokens  # the case being fixed
 
 
-def test_reuse_eviction_keeps_a_loop_of_conversations_whole(replay: ModuleType) -> None:
+@pytest.mark.parametrize("output", [1, 8])
+def test_reuse_eviction_keeps_a_loop_of_conversations_whole(replay: ModuleType, output: int) -> None:
     """The pressure phase's shape, scaled down: conversations served round-robin, two at a time,
     final contexts twice the pool. Stock LRU evicts the conversation served next, every turn;
-    `reuse` evicts the one served last, so the rest hit, near Belady's optimum."""
+    `reuse` evicts the one served last, so the rest hit, near Belady's optimum. With decodes
+    (`output` > 1) each request caches its KV twice (after its prefill, at its finish): one use."""
     pool = 8192
-    trace = replay.cyclic_multi_turn(2.0, pool, first=512, tool=768)
+    trace = replay.cyclic_multi_turn(2.0, pool, first=512, tool=768, output=output)
     ideal = replay.ideal_prefill_tokens(trace)
     common = {"pool_tokens": pool, "chunked_prefill_size": 1024}
     stock = run(replay, trace, ext=False, **common)

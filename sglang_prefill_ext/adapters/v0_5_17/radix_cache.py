@@ -11,6 +11,7 @@ Set-up, match, insert, sizes, locks, eviction and debug views are shared with 0.
 
 from __future__ import annotations
 
+import weakref
 from array import array
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,8 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         self.kv_event_queue: list[Any] = []
         self.disable_finished_insert = params.disable_finished_insert
         self._setup(params, config, self._split_event_hashes if self.enable_kv_cache_events else None)
+        # Requests whose complete prompt is cached already (a decoding request after its prefill).
+        self._checkpointed: weakref.WeakSet[Req] = weakref.WeakSet()
         self.reset()
 
     # ----- 0.5.17's keys and results -----
@@ -80,9 +83,12 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)]
         query = self._req_query(req, token_ids)
         key_len = query.length
+        repeat = req in self._checkpointed
+        self._checkpointed.discard(req)
         if is_insert:
             values = kv_indices[:key_len].to(dtype=torch.int64, copy=True)
-            freed_end = self._insert(query, values, getattr(req, "priority", 0) or 0, False).prefix_len
+            priority = getattr(req, "priority", 0) or 0
+            freed_end = self._insert(query, values, priority, False, repeat).prefix_len
         else:
             freed_end = key_len
         self.token_to_kv_pool_allocator.free_segments(
@@ -102,7 +108,13 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)]
         query = self._req_query(req, token_ids)
         values = kv_indices[: query.length].to(dtype=torch.int64, copy=True)
-        new_prefix_len = self._insert(query, values, getattr(req, "priority", 0) or 0, chunked).prefix_len
+        # A prompt's last chunk or a decoding request: its first complete insert is its use of the
+        # tree; later ones (another checkpoint, its finish) repeat it.
+        repeat = not chunked and req in self._checkpointed
+        if not chunked:
+            self._checkpointed.add(req)
+        priority = getattr(req, "priority", 0) or 0
+        new_prefix_len = self._insert(query, values, priority, chunked, repeat).prefix_len
         self.token_to_kv_pool_allocator.free_segment(
             kv_indices[req.cache_protected_len : new_prefix_len], start_pos=req.cache_protected_len
         )

@@ -103,6 +103,13 @@ def finish_prefill(scheduler: Scheduler, batch: ScheduleBatch, output_token: int
     )
 
 
+def finish_decode(scheduler: Scheduler, batch: ScheduleBatch, output_token: int) -> list[Req]:
+    """`process_batch_result_decode` for a model that emits `output_token`: the requests it finished."""
+    return testing_common.finish_decode(
+        batch, output_token, lambda req: release_kv_cache(req, scheduler.tree_cache)
+    )
+
+
 abort_chunked = testing_common.abort_chunked
 
 
