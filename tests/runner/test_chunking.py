@@ -77,17 +77,19 @@ def test_a_chunk_ends_where_a_waiting_prompt_diverges(
 @ported("decode_adaptive_budget")
 def test_decode_adaptive_budget_on_the_scheduler(replay: ModuleType) -> None:
     """16 requests decoding, reference 4: the long prompt's chunks shrink to 8192 x 4 / 16 = 2048."""
-    trace = [replay.TraceReq("long", tuple(range(1000, 7000)))]
+    # 16 short requests prefill at the first step and then decode; the long prompt comes next.
+    trace = [replay.TraceReq(f"d{i}", (5, 6, 7, i), max_new_tokens=64) for i in range(16)]
+    trace.append(replay.TraceReq("long", tuple(range(1000, 7000)), arrival=1))
     chunks = {}
     for extra in ((), ("--prefill-ext-decode-adaptive-budget", "4")):
         scheduler = replay.ReplayScheduler(
             replay.ReplayConfig(ext=True, chunked_prefill_size=8192, pool_tokens=1 << 16, extra_args=extra)
         )
-        decoding = [scheduler.add(replay.TraceReq(f"d{i}", (5, 6, 7), max_new_tokens=64)) for i in range(16)]
-        scheduler.scheduler.waiting_queue.clear()
-        scheduler.running_batch.reqs = decoding
         for _ in replay.drive(scheduler, trace):
-            pass
-        chunks[extra] = [end - start for step in scheduler.steps for _, start, end in step.admitted]
+            assert scheduler.kv_accounting_errors() == []
+        assert sorted(scheduler.finished) == sorted(t.rid for t in trace)
+        chunks[extra] = [
+            end - start for step in scheduler.steps for rid, start, end in step.admitted if rid == "long"
+        ]
     assert chunks[()] == [6000]
     assert chunks[("--prefill-ext-decode-adaptive-budget", "4")] == [2048, 2048, 1904]
