@@ -29,6 +29,9 @@ import schedule_replay as sr
 
 from sglang_prefill_ext.runner.short_first import PassCost
 
+# One decode step of a few requests, 8B shape on the H200: stock's 114 tok/s per request (mixed workload).
+DECODE_MS = 8.8
+
 
 @dataclasses.dataclass(frozen=True)
 class Arrival:
@@ -46,18 +49,26 @@ def mixed(
     short_max: int = 2048,
     short_rate: float = 8.0,
     seed: int = 5,
+    output: int = 1,
 ) -> list[Arrival]:
     """bench/ttft_bench.py's mixed workload: long unique prompts every `long_every_ms` among
-    `short_n` short unique prompts arriving as a Poisson process of `short_rate` per second."""
+    `short_n` short unique prompts arriving as a Poisson process of `short_rate` per second; each
+    request generates `output` tokens (the GPU workload's: 32)."""
     rng = random.Random(seed)
     out = [
-        Arrival(i * long_every_ms, sr.TraceReq(f"long{i}", tuple(sr._tokens(rng, long_tokens))), "long")
+        Arrival(
+            i * long_every_ms,
+            sr.TraceReq(f"long{i}", tuple(sr._tokens(rng, long_tokens)), max_new_tokens=output),
+            "long",
+        )
         for i in range(long_n)
     ]
     t = rng.expovariate(short_rate) * 1e3
     for j in range(short_n):
         n = rng.randint(short_min, short_max)
-        out.append(Arrival(t, sr.TraceReq(f"short{j}", tuple(sr._tokens(rng, n))), "short"))
+        out.append(
+            Arrival(t, sr.TraceReq(f"short{j}", tuple(sr._tokens(rng, n)), max_new_tokens=output), "short")
+        )
         t += rng.expovariate(short_rate) * 1e3
     return sorted(out, key=lambda a: a.ms)
 
@@ -66,6 +77,7 @@ def mixed(
 class TimedResult:
     mode: str
     ttft_ms: dict[str, float]  # rid -> scheduler-side TTFT
+    e2e_ms: dict[str, float]  # rid -> arrival to its last token
     groups: dict[str, str]
     passes: int
     prefill_tokens: int
@@ -75,11 +87,19 @@ class TimedResult:
     def group_ttfts(self, group: str) -> list[float]:
         return [v for rid, v in self.ttft_ms.items() if self.groups[rid] == group]
 
+    def group_e2es(self, group: str) -> list[float]:
+        return [v for rid, v in self.e2e_ms.items() if self.groups[rid] == group]
+
 
 def run_timed(
-    arrivals: Sequence[Arrival], config: sr.ReplayConfig, cost: PassCost, check_kv: bool = False
+    arrivals: Sequence[Arrival],
+    config: sr.ReplayConfig,
+    cost: PassCost,
+    check_kv: bool = False,
+    decode_ms: float = DECODE_MS,
 ) -> TimedResult:
-    """Replay `arrivals` on the simulated clock; each formed batch lasts `cost`'s prediction."""
+    """Replay `arrivals` on the simulated clock; each formed prefill batch lasts `cost`'s prediction,
+    each decode step `decode_ms`."""
     replay = sr.ReplayScheduler(config)
     runner = getattr(replay.scheduler, "prefill_ext_scheduler", None)
     clock = {"ms": 0.0}
@@ -88,6 +108,7 @@ def run_timed(
     lengths = {a.req.rid: len(a.req.tokens) for a in arrivals}
     arrived: dict[str, float] = {}
     ttft: dict[str, float] = {}
+    e2e: dict[str, float] = {}
     todo = list(arrivals)
     gpu_free, busy, errors = 0.0, 0.0, []
     while todo or replay.busy():
@@ -95,18 +116,22 @@ def run_timed(
             a = todo.pop(0)
             replay.add(a.req)
             arrived[a.req.rid] = a.ms
-        before = len(replay.steps)
+        before, decoded, done = len(replay.steps), replay.decode_steps, set(replay.finished)
         replay.step()
         step = replay.steps[before]
         if check_kv:
             errors += replay.kv_accounting_errors()
-        if step.admitted:
+        if step.admitted or replay.decode_steps > decoded:
             start = max(clock["ms"], gpu_free)
-            ms = cost.fixed_ms + sum(cost.variable_ms(end - begin, begin) for _, begin, end in step.admitted)
+            ms = decode_ms
+            if step.admitted:
+                ms = cost.fixed_ms + sum(
+                    cost.variable_ms(end - begin, begin) for _, begin, end in step.admitted
+                )
             gpu_free = start + ms
             busy += ms
             for rid, _, end in step.admitted:
-                if end == lengths[rid]:
+                if end == lengths[rid] and rid not in ttft:
                     ttft[rid] = gpu_free - arrived[rid]
             # The next batch is formed once this one is launched (overlap) or has finished.
             clock["ms"] = start if config.overlap else gpu_free
@@ -114,9 +139,12 @@ def run_timed(
             clock["ms"] = max(clock["ms"], todo[0].ms)
         else:
             clock["ms"] = max(clock["ms"], gpu_free)
+        for rid in set(replay.finished) - done:  # its last token: the forward just predicted
+            e2e[rid] = gpu_free - arrived[rid]
     return TimedResult(
         mode="",
         ttft_ms=ttft,
+        e2e_ms=e2e,
         groups={a.req.rid: a.group for a in arrivals},
         passes=sum(1 for s in replay.steps if s.admitted),
         prefill_tokens=replay.prefill_tokens,
@@ -132,14 +160,15 @@ def _pct(values: list[float], q: float) -> float:
 
 def table(results: list[TimedResult]) -> str:
     lines = [
-        "| mode | short p50 ms | short p99 ms | long p50 ms | passes | prefill tokens | busy ms |",
+        "| mode | short TTFT p50 ms | short TTFT p99 ms | long TTFT p50 ms | short end-to-end p50 ms | "
+        "passes | busy ms |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        short, long = r.group_ttfts("short"), r.group_ttfts("long")
+        short, long, done = r.group_ttfts("short"), r.group_ttfts("long"), r.group_e2es("short")
         lines.append(
             f"| {r.mode} | {statistics.median(short):.0f} | {_pct(short, 99):.0f} | "
-            f"{statistics.median(long):.0f} | {r.passes} | {r.prefill_tokens:,} | {r.busy_ms:.0f} |"
+            f"{statistics.median(long):.0f} | {statistics.median(done):.0f} | {r.passes} | {r.busy_ms:.0f} |"
         )
     return "\n".join(lines)
 
@@ -153,26 +182,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, nargs="+", default=[1.0], help="ext short windows")
     parser.add_argument("--stock-chunk", type=int, nargs="+", default=[8192, 2048], help="stock chunk sizes")
     parser.add_argument("--pass-cost", default="5,22,890", help="FIXED_MS,TOKEN_US,PAIR_PS")
+    parser.add_argument("--output", type=int, default=32, help="tokens each request generates")
+    parser.add_argument("--decode-ms", type=float, default=DECODE_MS, help="one decode step")
+    parser.add_argument(
+        "--mixed-chunk", action="store_true", help="also each variant with --enable-mixed-chunk"
+    )
     args = parser.parse_args(argv)
     cost = PassCost.parse(args.pass_cost)
-    arrivals = mixed()
-    results = []
-    for chunk in args.stock_chunk:
-        config = sr.ReplayConfig(ext=False, chunked_prefill_size=chunk, overlap=args.overlap)
-        results.append(dataclasses.replace(run_timed(arrivals, config, cost), mode=f"stock, chunk {chunk}"))
+    arrivals = mixed(output=args.output)
+    variants = [(f"stock, chunk {chunk}", False, chunk, ()) for chunk in args.stock_chunk]
     for budget in args.budget_ms:
         for window in args.window_s:
             extra = (
                 *("--prefill-ext-pass-budget-ms", str(budget), "--prefill-ext-short-window-s", str(window)),
                 *("--prefill-ext-pass-cost", args.pass_cost),
             )
-            config = sr.ReplayConfig(
-                ext=True, chunked_prefill_size=8192, overlap=args.overlap, extra_args=extra
-            )
-            mode = f"ext, budget {budget:g} ms, window {window:g} s"
-            results.append(dataclasses.replace(run_timed(arrivals, config, cost), mode=mode))
+            variants.append((f"ext, budget {budget:g} ms, window {window:g} s", True, 8192, extra))
+    if args.mixed_chunk:
+        variants += [(f"{m}, mixed chunk", e, c, (*x, "--enable-mixed-chunk")) for m, e, c, x in variants]
+    results = []
+    for mode, ext, chunk, extra in variants:
+        config = sr.ReplayConfig(ext=ext, chunked_prefill_size=chunk, overlap=args.overlap, extra_args=extra)
+        result = run_timed(arrivals, config, cost, decode_ms=args.decode_ms)
+        results.append(dataclasses.replace(result, mode=mode))
     print(f"command: python bench/mixed_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    print(f"cost model: {cost}; overlap {args.overlap}\n")
+    print(
+        f"cost model: {cost}, decode step {args.decode_ms:g} ms, {args.output} tokens a request; overlap {args.overlap}\n"
+    )
     print(table(results))
     return 0
 

@@ -297,6 +297,7 @@ class ReplayScheduler:
         plan = Scheduler.get_new_batch_prefill(s, self.running_batch)
         cpu_s = time.process_time() - start
         batch = plan.batch_to_run
+        self.running_batch = plan.running_batch  # emptied when a mixed chunk took its requests
         admitted = [] if batch is None else [(r.rid, *self.kit.extend_range(r)) for r in batch.reqs]
         self.steps.append(StepRecord(admitted, cpu_s))
         if batch is not None:

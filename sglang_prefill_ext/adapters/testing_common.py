@@ -124,7 +124,9 @@ def replay_scheduler(
         min_free_slots_delayer=None,
         chunked_prefill_size=spec.chunked_prefill_size,
         max_prefill_tokens=server_args.max_prefill_tokens,
-        is_mixed_chunk=False,
+        # as `Scheduler.__init__`: decode requests ride the prefill batch under --enable-mixed-chunk
+        is_mixed_chunk=spec.chunked_prefill_size is not None
+        and getattr(server_args, "enable_mixed_chunk", False),
         priority_scheduling_preemption_threshold=0,
         max_running_requests=spec.max_running_requests,
         dllm_config=None,
@@ -209,6 +211,7 @@ def finish_prefill(
     `checkpoint(req)` cache a finished and a continuing request as the version does. Returns the
     requests it finished."""
     finished = []
+    decoding = getattr(batch, "decoding_reqs", None) or ()  # a mixed batch's decode requests
     for req in batch.reqs:
         if (req.finished() and req.inflight_middle_chunks <= 0) or req.is_retracted:
             continue
@@ -221,6 +224,6 @@ def finish_prefill(
         if req.finished():
             release(req)
             finished.append(req)
-        else:
+        elif req not in decoding:
             checkpoint(req)
     return finished
