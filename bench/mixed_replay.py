@@ -78,6 +78,7 @@ class TimedResult:
     mode: str
     ttft_ms: dict[str, float]  # rid -> scheduler-side TTFT
     e2e_ms: dict[str, float]  # rid -> arrival to its last token
+    chunks: dict[str, int]  # rid -> passes its prompt was computed in
     groups: dict[str, str]
     passes: int
     prefill_tokens: int
@@ -109,6 +110,7 @@ def run_timed(
     arrived: dict[str, float] = {}
     ttft: dict[str, float] = {}
     e2e: dict[str, float] = {}
+    chunks: dict[str, int] = {}
     todo = list(arrivals)
     gpu_free, busy, errors = 0.0, 0.0, []
     while todo or replay.busy():
@@ -130,7 +132,9 @@ def run_timed(
                 )
             gpu_free = start + ms
             busy += ms
-            for rid, _, end in step.admitted:
+            for rid, begin, end in step.admitted:
+                if begin < lengths[rid]:  # not a decode token riding a mixed chunk
+                    chunks[rid] = chunks.get(rid, 0) + 1
                 if end == lengths[rid] and rid not in ttft:
                     ttft[rid] = gpu_free - arrived[rid]
             # The next batch is formed once this one is launched (overlap) or has finished.
@@ -145,6 +149,7 @@ def run_timed(
         mode="",
         ttft_ms=ttft,
         e2e_ms=e2e,
+        chunks=chunks,
         groups={a.req.rid: a.group for a in arrivals},
         passes=sum(1 for s in replay.steps if s.admitted),
         prefill_tokens=replay.prefill_tokens,

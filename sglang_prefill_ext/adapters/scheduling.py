@@ -48,6 +48,7 @@ class PrefillExtScheduler:
         config: PrefillExtConfig,
         page_size: int,
         metrics: bool = False,
+        mixed_chunk: bool = False,
     ) -> None:
         self.policy = policy
         self.tree_cache = tree_cache
@@ -74,6 +75,7 @@ class PrefillExtScheduler:
             PassCost.parse(config.pass_cost),
         )
         self.clock = time.monotonic  # the CPU replay substitutes its simulated clock
+        self.mixed_chunk = mixed_chunk  # running requests' decode tokens ride each prefill pass
         self.log = JsonlLog(config.log) if config.log else None
         self.pass_log = JsonlLog(config.pass_log) if config.pass_log else None
         self.metrics = CounterDeltas() if metrics else None
@@ -163,8 +165,13 @@ class PrefillExtScheduler:
         else:
             after = self._waiting[len(self._shorts) : len(self._shorts) + 1]
             long = self._need(after[0]) if after else None
-        self._plan = self.short_first.plan(base, self.clock(), self._shorts, long, chunked_req is not None)
-        return self._plan.chunk
+        # Under --enable-mixed-chunk the running requests' decode tokens ride the pass: PrefillAdder
+        # takes them off the chunk budget, and they take their share of the pass time.
+        riding = decoding if self.mixed_chunk else 0
+        self._plan = self.short_first.plan(
+            base, self.clock(), self._shorts, long, chunked_req is not None, riding
+        )
+        return self._plan.chunk + riding
 
     def add_chunked_req(self, adder: Adder, req: Req) -> Req | None:
         """`adder.add_chunked_req(req)`, its chunk capped by this pass's plan; the rest of the pass's
@@ -332,6 +339,7 @@ def build_scheduler(cls: type[S], scheduler: Any, owns_request_log: Callable[[An
         config,
         scheduler.page_size,
         metrics=bool(getattr(server_args, "enable_metrics", False)),
+        mixed_chunk=bool(getattr(scheduler, "is_mixed_chunk", False)),
     )
     scheduler.tree_cache.prefill_ext_scheduler = glue
     return glue

@@ -149,18 +149,26 @@ class ShortFirst:
         return self.enabled and (self.window_s < 0 or now - self._last_short <= self.window_s)
 
     def plan(
-        self, base: int, now: float, shorts: list[Need], long: Need | None, continuing: bool
+        self,
+        base: int,
+        now: float,
+        shorts: list[Need],
+        long: Need | None,
+        continuing: bool,
+        riding: int = 0,
     ) -> PassPlan:
         """The pass's budget: `base` (SGLang's chunk size) outside short traffic; within it, the
         `shorts` that `select` put first plus a long chunk filling the rest of the budget.
 
         `long`: the request this pass chunks (remaining tokens, context), if any; `continuing`: it is
-        SGLang's chunked request, added before the queue (its chunk gets the cap)."""
+        SGLang's chunked request, added before the queue (its chunk gets the cap); `riding`: decode
+        tokens of running requests in the same pass (SGLang's mixed chunk), their time off the budget."""
         if not self.active(now):
             return PassPlan(base)
         left = (
             self.budget_ms
             - self.cost.fixed_ms
+            - self.cost.variable_ms(riding, 0)
             - sum(self.cost.variable_ms(n.tokens, n.context) for n in shorts)
         )
         short_tokens = sum(self._paged(n.tokens) for n in shorts)
