@@ -215,7 +215,10 @@ class PrefillExtConfig:
         if unknown:
             raise OptionError(f"unknown prefill-ext options: {', '.join(unknown)}")
         config = cls(**options)
-        PassCost.parse(config.pass_cost)
+        try:
+            PassCost.parse(config.pass_cost)
+        except ValueError as error:  # one line at launch, as every refused option
+            raise OptionError(str(error)) from None
         for f in dataclasses.fields(cls):
             choices = f.metadata["choices"]
             value = getattr(config, f.name)

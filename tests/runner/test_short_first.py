@@ -83,9 +83,9 @@ def test_plan_fills_the_budget_after_the_shorts_and_keeps_long_progress() -> Non
 
 
 def test_config_refuses_a_malformed_cost_model() -> None:
-    from sglang_prefill_ext.config import PrefillExtConfig
+    from sglang_prefill_ext.config import OptionError, PrefillExtConfig
 
-    with pytest.raises(ValueError, match="--prefill-ext-pass-cost"):
+    with pytest.raises(OptionError, match="--prefill-ext-pass-cost"):
         PrefillExtConfig.from_options({"pass_cost": "1,2"})
 
 
