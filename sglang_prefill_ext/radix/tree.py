@@ -168,7 +168,7 @@ class PrefixTree:
         node.priority = max(node.priority, priority)
         self._count_use(node, chunked, repeat)
 
-    def _count_use(self, node: Node, chunked: bool, repeat: bool = False) -> None:
+    def _count_use(self, node: Node, chunked: bool, repeat: bool) -> None:
         # A chunked request re-inserting its own earlier chunks is not a reuse.
         if chunked:
             return
