@@ -19,10 +19,10 @@ from sglang_prefill_ext.runner.short_first import PassCost
 OPTIONS_DEST = "prefill_ext_options"
 ENABLE_FLAG = "--enable-prefill-ext"
 EVICTION_POLICIES = tuple(POLICIES)
-# The tree's policy unless one is asked for: SGLang's own order (plus --prefill-ext-protect-waiting),
-# which ties or beats stock LRU on every replay trace. `reuse` beats it on every replay trace but
-# recomputed 0.5 % more than stock on the H200 pressure phase (bench/results/2026-12-01-h200-eviction.md).
-DEFAULT_EVICTION = "lru"
+# The tree's policy unless one is asked for (or a non-default --radix-eviction-policy): `reuse` beats
+# stock LRU on every replay trace and recomputes 44-74 % fewer tokens on the H200 pressure phase at
+# 1.5-3x the pool (bench/results/2026-12-01-h200-eviction.md); elsewhere nothing is evicted.
+DEFAULT_EVICTION = "reuse"
 SGLANG_DEFAULT_EVICTION = "lru"  # --radix-eviction-policy's default
 SCHEDULES = ("auto", "lpm-aging", "stock")
 SPARSE = SparseSettings()  # the selection's own defaults

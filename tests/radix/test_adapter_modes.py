@@ -52,12 +52,12 @@ def test_config_eviction_overrides_sglang_policy() -> None:
 
 @pytest.mark.parametrize(
     ("sglang_policy", "option", "tree"),
-    [("lru", None, "lru"), ("lfu", None, "lfu"), ("lru", "reuse", "reuse"), ("fifo", "cost", "cost")],
+    [("lru", None, "reuse"), ("lfu", None, "lfu"), ("lru", "lru", "lru"), ("fifo", "cost", "cost")],
 )
-def test_default_eviction_is_sglangs_unless_a_policy_is_asked_for(
+def test_default_eviction_is_reuse_unless_a_policy_is_asked_for(
     sglang_policy: str, option: str | None, tree: str
 ) -> None:
-    """Unset --prefill-ext-eviction: SGLang's --radix-eviction-policy (lru by default)."""
+    """Unset --prefill-ext-eviction: `reuse` while --radix-eviction-policy is its default (lru), else that policy."""
     cache = PrefillExtRadixCache(
         cache_params(eviction_policy=sglang_policy), PrefillExtConfig(eviction=option)
     )
