@@ -14,8 +14,8 @@ Rows per length L:
             per 30 layers, as with --prefill-ext-sparse-per-layer off
   rand_d_B  attention only over a random block mask of density d (diagonal kept), FlashInfer backend B
             (fa2 / fa3, --backends): kernel speed vs density
-  chunk     the last 8K chunk over a 120K cached prefix: sparse (with and without key summaries) vs
-            FlashInfer paged dense prefill
+  chunk     the last 8K chunk over a 120K cached prefix: sparse (each scorer) vs FlashInfer paged dense
+            prefill
 TFLOP/s counts the FLOPs each path executes (causal halves included); `ceiling` is a bf16 8K^3 matmul
 measured in the same run. Times are medians of CUDA-event timings after a warm-up.
 """
@@ -33,13 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sglang_prefill_ext.ops import (
-    BlockLayout,
-    BlockSparsePrefill,
-    KeySummaryCache,
-    SparsePrefill,
-    SparseSettings,
-)
+from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.plan import PlanIndices, build_plan_indices
 from sglang_prefill_ext.ops.settings import SCORERS
 
@@ -189,8 +183,8 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
     for scorer in SCORERS:
         sparse = SparsePrefill(SparseSettings(scorer=scorer), BlockSparsePrefill(workspace, backends[0]))
         sparse.begin(layout, locs)
-        select_ms = timed(lambda s=sparse: s.select(q, k, scale, None), reps)
-        mask = sparse.select(q, k, scale, None)
+        select_ms = timed(lambda s=sparse: s.select(q, k, scale), reps)
+        mask = sparse.select(q, k, scale)
         plan_public_ms, plan_ms = plan_times(sparse, mask, q, scale, locs)
         indices = build_plan_indices(mask, layout, locs)
         attn_ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
@@ -267,26 +261,19 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
         )
     ]
     locs = torch.arange(total, device=DEV)
-    summaries = KeySummaryCache(total, 1, HKV, D, BLOCK, DEV)
-    for scorer, use in (("hybrid", True), ("sampled", False), ("pooled", False), ("pooled", True)):
-        sparse = SparsePrefill(
-            SparseSettings(scorer=scorer), BlockSparsePrefill(workspace), summaries if use else None
-        )
-        if use:  # the earlier chunks left their blocks' summaries behind
-            first = BlockLayout.build([0], [prefix], BLOCK, DEV)
-            sparse.begin(first, locs[:prefix])
-            sparse.select(q[:prefix], k, scale, 0)
+    for scorer in ("hybrid", "sampled", "pooled"):
+        sparse = SparsePrefill(SparseSettings(scorer=scorer), BlockSparsePrefill(workspace))
         layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV)
         sparse.begin(layout, locs)
-        select_ms = timed(lambda s=sparse: s.select(q_chunk, k, scale, 0), 5)
-        mask = sparse.select(q_chunk, k, scale, 0)
+        select_ms = timed(lambda s=sparse: s.select(q_chunk, k, scale), 5)
+        mask = sparse.select(q_chunk, k, scale)
         plan_public_ms, plan_ms = plan_times(sparse, mask, q_chunk, scale, locs)
         attn_ms = timed(lambda s=sparse: s.attention.run(q_chunk, k, v), 5)
         flops = plan_flops(build_plan_indices(mask, layout, locs))
         rows.append(
             dict(
                 L=total,
-                path=f"chunk{chunk // 1024}K_{scorer}" + ("_summaries" if use else ""),
+                path=f"chunk{chunk // 1024}K_{scorer}",
                 backend=sparse.attention.backend,
                 ms=select_ms + plan_ms + attn_ms,
                 select_ms=select_ms,

@@ -79,7 +79,7 @@ class SparseAttention:
         the model's dtype, fp32 here), so only the selection differs from dense."""
         group = q.shape[1] // k.shape[1]
         if select:
-            self.sparse.mask = self.sparse.select(q, k, scaling, None)
+            self.sparse.mask = self.sparse.select(q, k, scaling)
             blocks = torch.arange(q.shape[0], device=q.device) // self.block_size
             keep = (
                 self.sparse.mask[:, blocks][:, :, blocks]

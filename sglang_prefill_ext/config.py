@@ -110,11 +110,6 @@ class PrefillExtConfig:
         "Score and plan in every sparse layer (on SmolLM2 a layout shared by all layers keeps less of the "
         "attention at a higher density); off: score once at the first sparse layer, one plan per forward.",
     )
-    sparse_summaries: bool = _option(
-        True,
-        "Pooled and hybrid scorers: keep each full key block's pooled key next to the KV cache so cached "
-        "prefixes are never re-pooled.",
-    )
     schedule: str = _option(
         "auto",
         "Prefill queue order: 'lpm-aging' (longest cached prefix first, a request re-matched only when the "

@@ -12,7 +12,6 @@ from typing import Any
 _HOMES = {
     "BlockLayout": "layout",
     "BlockSparsePrefill": "attention",
-    "KeySummaryCache": "summaries",
     "SparsePrefill": "sparse_prefill",
     "SparseSettings": "settings",
     "context_locs": "layout",

@@ -42,8 +42,6 @@ class BlockLayout:
     req_ctx_offset: torch.Tensor  # [B] offset of the request's positions in the flat context list
     key_tok_start: torch.Tensor  # [K] first entry of each key block in the flat context list
     key_len: torch.Tensor  # [K]
-    key_cached: torch.Tensor  # [K] bool: a full block wholly inside the cached prefix
-    completed_keys: torch.Tensor  # indices of the full key blocks whose last token is new in this batch
 
     @property
     def num_rows(self) -> int:
@@ -86,10 +84,7 @@ class BlockLayout:
             num_keys = (ctx - 1) // bsz + 1
             k_lo = torch.arange(num_keys) * bsz
             k_hi = torch.clamp(k_lo + bsz, max=ctx)
-            full = (k_hi - k_lo) == bsz
-            keys.append(
-                torch.stack([ctx_offset + k_lo, k_hi - k_lo, full & (k_hi <= p), full & (k_hi > p)], 1)
-            )
+            keys.append(torch.stack([ctx_offset + k_lo, k_hi - k_lo], 1))
             req_meta.append((key_offset, num_keys, ctx, ctx_offset))
             q_offset += n
             key_offset += num_keys
@@ -116,8 +111,6 @@ class BlockLayout:
             req_ctx_offset=dev(req[:, 3], torch.int64),
             key_tok_start=dev(key[:, 0], torch.int64),
             key_len=dev(key[:, 1]),
-            key_cached=dev(key[:, 2], torch.bool),
-            completed_keys=dev(key[:, 3].nonzero().flatten(), torch.int64),
         )
 
 

@@ -2,12 +2,12 @@
 
 `select_by_mass` keeps the blocks that carry a row's estimated attention mass (the sampled scorer,
 sampled.py; the default hybrid scorer keeps the union of both rules). The pooled scorer reads one
-mean key per block (cached as key summaries): the score
-of query block r and key block c for query head g is s = sm_scale * mean(q_r) . mean(k_c), exactly
-the mean logit over the block pair. For KV head h the block is kept when any query head of
-h's group has s >= max_c'(s) + log(threshold) (the estimated attention weight is at least `threshold`
-of the row's best), or a structural rule holds (sink, local window incl. the diagonal, last rows);
-only causal blocks (c <= the row's own block) are ever kept. Output: bool [Hkv, R, max_key_blocks].
+mean key per block (pooled from the KV cache): the score of query block r and key block c for query
+head g is s = sm_scale * mean(q_r) . mean(k_c), exactly the mean logit over the block pair. For KV
+head h the block is kept when any query head of h's group has s >= max_c'(s) + log(threshold) (the
+estimated attention weight is at least `threshold` of the row's best), or a structural rule holds
+(sink, local window incl. the diagonal, last rows); only causal blocks (c <= the row's own block) are
+ever kept. Output: bool [Hkv, R, max_key_blocks].
 """
 
 from __future__ import annotations

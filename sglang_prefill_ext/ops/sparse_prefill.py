@@ -1,9 +1,8 @@
 """One extend batch's sparse attention: select blocks, plan, run — per forward or per layer.
 
 `begin` takes the batch's layout and KV slots once per forward. `forward` of a layer scores that
-layer's queries against the context's keys (sampled rows, and/or pooled blocks reading cached
-prefix blocks' summaries instead of their keys), selects the kept blocks, plans FlashInfer and
-runs; with `replan=False` a later layer reuses the plan and only runs the attention (one selection
+layer's queries against the context's keys (sampled rows, and/or pooled blocks), selects the kept
+blocks, plans FlashInfer and runs; with `replan=False` a later layer reuses the plan and only runs the attention (one selection
 and one plan per forward).
 """
 
@@ -18,22 +17,14 @@ from .pooling import key_segments, pool_keys, pool_queries
 from .sampled import SampleGeometry, block_mass, sample_geometry
 from .scoring import select_blocks, select_by_mass
 from .settings import SparseSettings
-from .summaries import KeySummaryCache
 
 
 class SparsePrefill:
-    def __init__(
-        self,
-        settings: SparseSettings,
-        attention: BlockSparsePrefill,
-        summaries: KeySummaryCache | None = None,
-    ) -> None:
+    def __init__(self, settings: SparseSettings, attention: BlockSparsePrefill) -> None:
         self.settings = settings
         self.attention = attention
-        self.summaries = summaries
         self._layout: BlockLayout | None = None
         self._locs = torch.empty(0, dtype=torch.int64)
-        self._new_slots: torch.Tensor | None = None
         self._geometry: SampleGeometry | None = None  # the sampled scorer's, per layout
         self.planned = False
         self.mask: torch.Tensor | None = None
@@ -42,7 +33,6 @@ class SparsePrefill:
         """Start a forward over `layout`, whose context positions live in KV slots `locs`."""
         self._layout = layout
         self._locs = locs
-        self._new_slots = None
         self._geometry = None
         self.planned = False
         self.mask = None
@@ -52,9 +42,7 @@ class SparsePrefill:
         assert self._layout is not None, "begin() first"
         return self._layout
 
-    def select(
-        self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float, summary_layer: int | None
-    ) -> torch.Tensor:
+    def select(self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float) -> torch.Tensor:
         """Kept blocks [Hkv, R, C] from this layer's queries [N, Hq, D] and KV pool keys."""
         layout = self.layout
         scorer = self.settings.scorer
@@ -69,26 +57,12 @@ class SparsePrefill:
             by_mass = select_by_mass(mass, layout, self.settings)
             if scorer == "sampled":
                 return by_mass
-        by_pool = self._select_pooled(q, k_buffer, sm_scale, summary_layer)
+        by_pool = self._select_pooled(q, k_buffer, sm_scale)
         return by_pool if by_mass is None else by_pool | by_mass
 
-    def _select_pooled(
-        self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float, summary_layer: int | None
-    ) -> torch.Tensor:
+    def _select_pooled(self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float) -> torch.Tensor:
         layout = self.layout
-        slots = cache = None
-        use_summaries = self.summaries is not None and summary_layer is not None
-        if use_summaries:
-            head_locs = self._locs[layout.key_tok_start]
-            slots = torch.where(layout.key_cached, self.summaries.lookup(head_locs), -1)
-            cache = self.summaries.read(summary_layer)
-        kpool = pool_keys(k_buffer, key_segments(layout, self._locs, slots, cache))
-        if use_summaries and layout.completed_keys.numel():
-            if self._new_slots is None:
-                self._new_slots = self.summaries.allocate(
-                    self._locs[layout.key_tok_start[layout.completed_keys]]
-                )
-            self.summaries.write(summary_layer, self._new_slots, kpool[layout.completed_keys])
+        kpool = pool_keys(k_buffer, key_segments(layout, self._locs))
         return select_blocks(pool_queries(q, layout), kpool, layout, self.settings, sm_scale)
 
     def plan(
@@ -113,13 +87,12 @@ class SparsePrefill:
         q: torch.Tensor,
         k_buffer: torch.Tensor,
         sm_scale: float,
-        summary_layer: int | None = None,
         logits_soft_cap: float = 0.0,
         max_density: float = 1.0,
     ) -> bool:
         """Select this layer's blocks and plan them. With `max_density` < 1, a layout keeping more than
         that fraction of its causal blocks is declined: nothing is planned, False is returned."""
-        mask = self.select(q, k_buffer, sm_scale, summary_layer)
+        mask = self.select(q, k_buffer, sm_scale)
         if max_density < 1.0 and self.density(mask) > max_density:
             self.mask = mask
             return False
@@ -133,10 +106,9 @@ class SparsePrefill:
         v_buffer: torch.Tensor,
         sm_scale: float,
         replan: bool,
-        summary_layer: int | None = None,
         logits_soft_cap: float = 0.0,
     ) -> torch.Tensor:
         """Attention of q [N, Hq, D] over the batch's context in the KV pool; [N, Hq, D]."""
         if replan or not self.planned:
-            self.select_and_plan(q, k_buffer, sm_scale, summary_layer, logits_soft_cap)
+            self.select_and_plan(q, k_buffer, sm_scale, logits_soft_cap)
         return self.attention.run(q, k_buffer, v_buffer)

@@ -42,17 +42,11 @@ def test_rows_cover_each_new_token_once_in_its_absolute_block(
 @pytest.mark.parametrize(("prefix", "extend", "block"), CASES)
 def test_key_blocks_span_prefix_and_chunk(prefix: list[int], extend: list[int], block: int) -> None:
     layout = BlockLayout.build(prefix, extend, block)
-    completed = torch.zeros(layout.num_key_blocks, dtype=torch.bool)
-    completed[layout.completed_keys] = True
     for b, (p, n) in enumerate(zip(prefix, extend, strict=True)):
         off, num = int(layout.req_key_offset[b]), int(layout.req_num_key_blocks[b])
         assert num == -(-(p + n) // block) and int(layout.req_ctx_len[b]) == p + n
         lens = layout.key_len[off : off + num].long()
         assert int(lens.sum()) == p + n and bool((lens[:-1] == block).all())
-        ends = torch.arange(1, num + 1) * block
-        full = lens == block
-        assert torch.equal(layout.key_cached[off : off + num], full & (ends <= p))
-        assert torch.equal(completed[off : off + num], full & (ends > p))
         starts = layout.key_tok_start[off : off + num] - layout.req_ctx_offset[b]
         assert torch.equal(starts, torch.arange(num) * block)
 

@@ -1,4 +1,4 @@
-"""Block pooling: the Triton kernel against the torch reference, and cached summaries honoured."""
+"""Block pooling: the Triton kernel against the torch reference."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from kvpool import make_pool
 from sglang_prefill_ext.ops.layout import BlockLayout, context_locs
 from sglang_prefill_ext.ops.pooling import (
     key_segments,
-    pool_keys,
     pool_queries,
     query_segments,
     segment_mean_reference,
@@ -43,24 +42,3 @@ def test_key_means_gather_through_kv_slots() -> None:
     key = int(layout.req_key_offset[b]) + block
     want = pool.k[locs[layout.key_tok_start[key] : layout.key_tok_start[key] + 16]].float().mean(0)
     torch.testing.assert_close(got[key], want, rtol=1e-5, atol=1e-6)
-
-
-def test_cached_blocks_read_the_summary_and_never_their_keys() -> None:
-    pool, layout, locs = _batch()
-    cache = torch.randn(6, 2, 32).bfloat16()
-    slots = torch.full((layout.num_key_blocks,), -1, dtype=torch.int32)
-    cached = layout.key_cached.nonzero().flatten()
-    slots[cached] = torch.arange(cached.numel(), dtype=torch.int32) % 6
-    poisoned = pool.k.clone()
-    for key in cached.tolist():
-        start = int(layout.key_tok_start[key])
-        poisoned[locs[start : start + 16]] = float("nan")
-    for impl in (segment_mean_triton, segment_mean_reference):
-        got = impl(poisoned, key_segments(layout, locs, slots, cache))
-        assert torch.isfinite(got).all()
-        torch.testing.assert_close(got[cached], cache[slots[cached].long()].float())
-    fresh = pool_keys(pool.k, key_segments(layout, locs))
-    rest = slots < 0
-    torch.testing.assert_close(
-        pool_keys(poisoned, key_segments(layout, locs, slots, cache))[rest], fresh[rest]
-    )

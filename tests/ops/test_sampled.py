@@ -109,7 +109,7 @@ def test_hybrid_keeps_the_union_of_both_scorers() -> None:
     for scorer in ("hybrid", "sampled", "pooled"):
         sparse = SparsePrefill(SparseSettings(block_size=BLOCK, scorer=scorer, mass=0.5, threshold=0.5), None)
         sparse.begin(layout, locs)
-        masks[scorer] = sparse.select(q, k_buffer, 0.25, None)
+        masks[scorer] = sparse.select(q, k_buffer, 0.25)
     assert torch.equal(masks["hybrid"], masks["sampled"] | masks["pooled"])
     assert not torch.equal(masks["sampled"], masks["pooled"])
 
@@ -120,9 +120,9 @@ def test_the_kernel_geometry_is_built_once_per_layout_and_shared_by_layers() -> 
     layout, q, k_buffer, locs = _batch((8, 2), 32, [16 * 3, 0], [16 * 7, 50], seed=2)
     sparse = SparsePrefill(SparseSettings(block_size=BLOCK, scorer="sampled", samples=2), None)
     sparse.begin(layout, locs)
-    first = sparse.select(q, k_buffer, 0.2, None)
+    first = sparse.select(q, k_buffer, 0.2)
     geometry = sparse._geometry
-    second = sparse.select(q * 0.5, k_buffer, 0.2, None)  # a later layer: same layout, other queries
+    second = sparse.select(q * 0.5, k_buffer, 0.2)  # a later layer: same layout, other queries
     assert sparse._geometry is geometry
     want = select_by_mass(
         block_mass_reference(q * 0.5, k_buffer, locs, layout, 2, 0.2), layout, sparse.settings

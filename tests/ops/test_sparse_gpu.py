@@ -6,13 +6,7 @@ import pytest
 import torch
 from kvpool import assert_requests_match_sdpa, make_pool, request_kv, sdpa_reference
 
-from sglang_prefill_ext.ops import (
-    BlockLayout,
-    BlockSparsePrefill,
-    KeySummaryCache,
-    SparsePrefill,
-    SparseSettings,
-)
+from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.layout import context_locs
 from sglang_prefill_ext.ops.pooling import (
     key_segments,
@@ -28,9 +22,9 @@ pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
 
 
-def _sparse(settings: SparseSettings, summaries: KeySummaryCache | None = None) -> SparsePrefill:
+def _sparse(settings: SparseSettings) -> SparsePrefill:
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
-    return SparsePrefill(settings, BlockSparsePrefill(workspace), summaries)
+    return SparsePrefill(settings, BlockSparsePrefill(workspace))
 
 
 def _run_chunk(
@@ -38,7 +32,7 @@ def _run_chunk(
 ) -> torch.Tensor:
     layout = BlockLayout.build(prefix, extend, sparse.settings.block_size, DEVICE)
     sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
-    return sparse.forward(q, pool.k, pool.v, q.shape[-1] ** -0.5, replan=True, summary_layer=0)
+    return sparse.forward(q, pool.k, pool.v, q.shape[-1] ** -0.5, replan=True)
 
 
 SCENARIOS = {
@@ -72,13 +66,10 @@ def test_all_blocks_kept_equals_fp32_sdpa(
 
 @pytest.mark.parametrize("page", [1, 16])
 @pytest.mark.parametrize(("heads", "head_dim"), [((32, 8), 128), ((28, 4), 64)])
-def test_chunked_prefill_with_summaries_equals_fp32_sdpa(
-    page: int, heads: tuple[int, int], head_dim: int
-) -> None:
+def test_chunked_prefill_equals_fp32_sdpa(page: int, heads: tuple[int, int], head_dim: int) -> None:
     total, chunk = 5000, 1500  # chunks start mid-block
     pool = make_pool([total], page, heads[1], head_dim, device=DEVICE)
-    summaries = KeySummaryCache(pool.k.shape[0], 1, heads[1], head_dim, 128, DEVICE)
-    sparse = _sparse(KEEP_ALL["pooled"], summaries)
+    sparse = _sparse(KEEP_ALL["pooled"])
     q = torch.randn(total, heads[0], head_dim, device=DEVICE).bfloat16()
     k, v = request_kv(pool, 0, total)
     for start in range(0, total, chunk):
@@ -86,7 +77,6 @@ def test_chunked_prefill_with_summaries_equals_fp32_sdpa(
         out = _run_chunk(sparse, pool, [start], [n], q[start : start + n])
         want = sdpa_reference(q[start : start + n], k[: start + n], v[: start + n])
         torch.testing.assert_close(out.float(), want, atol=5e-3, rtol=2e-2)
-    assert int(summaries.num_free) == summaries.capacity - total // 128
 
 
 def _plant_needles(q: torch.Tensor, pool, num: int, seed: int) -> list[tuple[int, int, int, bool]]:
@@ -125,7 +115,7 @@ def test_planted_needles_are_always_selected_at_default_settings(
     sparse = _sparse(SparseSettings(scorer=scorer))
     layout = BlockLayout.build([0], [total], 128, DEVICE)
     sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
-    mask = sparse.select(q, pool.k, head_dim**-0.5, summary_layer=None)
+    mask = sparse.select(q, pool.k, head_dim**-0.5)
     promised = [n for n in needles if scorer != "pooled" or not n[3]]
     missed = [n for n in promised if not bool(mask[n[:3]])]
     assert not missed, f"needles not selected: {missed}"
@@ -159,7 +149,7 @@ def test_triton_pooling_and_selection_match_torch_on_gpu() -> None:
     settings = SparseSettings(scorer="pooled", threshold=0.5)
     sparse = _sparse(settings)
     sparse.begin(layout, locs)
-    got = sparse.select(q, pool.k, 0.5, summary_layer=None)
+    got = sparse.select(q, pool.k, 0.5)
     want = select_blocks_reference(qpool, kpool, layout, settings, 0.5)
     assert float((got != want).float().mean()) < 1e-3
 

@@ -50,10 +50,6 @@ class PrefillExtAttention:
         """True for the extend batches the extend path takes (no prefill CUDA graph)."""
         return self.ext_path.wants(forward_batch)
 
-    def release_kv_slots(self, locs: torch.Tensor) -> None:
-        """Forget per-slot state (sparse key summaries) of KV slots a forward overwrites."""
-        self.ext_path.release_kv_slots(locs)
-
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         super().init_forward_metadata(forward_batch)
         self.ext_path.begin(None if torch.cuda.is_current_stream_capturing() else forward_batch)

@@ -38,9 +38,7 @@ def flashinfer_workspace(device: torch.device | str) -> torch.Tensor:
 class PrefillExtFlashAttentionBackend(PrefillExtAttention, FlashAttentionBackend):
     def __init__(self, model_runner: ModelRunner, config: PrefillExtConfig) -> None:
         super().__init__(model_runner)
-        self.ext_path = SparseExtend.build(
-            self, config, flashinfer_workspace(model_runner.device), model_runner.device
-        )
+        self.ext_path = SparseExtend.build(self, config, flashinfer_workspace(model_runner.device))
 
     def extend_path_supported(self) -> bool:
         """Plain fa3 prefill over an MHA pool: no MLA, chunked-local, sliding-window or encoder-decoder

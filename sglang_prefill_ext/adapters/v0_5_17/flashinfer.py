@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class PrefillExtFlashInferBackend(PrefillExtAttention, FlashInferAttnBackend):
     def __init__(self, model_runner: ModelRunner, config: PrefillExtConfig, **kwargs) -> None:
         super().__init__(model_runner, **kwargs)
-        self.ext_path = SparseExtend.build(self, config, self.workspace_buffer, model_runner.device)
+        self.ext_path = SparseExtend.build(self, config, self.workspace_buffer)
 
     def extend_path_supported(self) -> bool:
         """Plain FlashInfer prefill: no sliding-window or cross-attention wrappers (`dispatch_reason`), no

@@ -65,13 +65,6 @@ def wants_eager_prefill(runner: ModelRunner, forward_batch: ForwardBatch) -> boo
     return wants is not None and wants(forward_batch)
 
 
-def before_forward(runner: ModelRunner, forward_batch: ForwardBatch) -> None:
-    """Forget per-slot state (sparse key summaries) of KV slots this forward overwrites."""
-    release = getattr(runner.attn_backend, "release_kv_slots", None)
-    if release is not None and forward_batch.out_cache_loc is not None:
-        release(forward_batch.out_cache_loc)
-
-
 def validate_input_ids(manager: TokenizerManager, input_ids: list[int] | None) -> None:
     """Under the flag, refuse token ids outside the vocabulary with a 400 before they reach the model.
 

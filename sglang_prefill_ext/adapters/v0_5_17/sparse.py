@@ -15,12 +15,6 @@ declined there and runs the backend's own attention from that layer on.
 
 Observability: at INFO, one log line per sparse forward with the kept-block density of its layout (one
 host read-back per forward, after its first sparse layer).
-
-Key summaries (pooled and hybrid scorers): the pooled key of every full block is kept per KV slot
-(`KeySummaryCache`), written when a sparse forward completes the block and forgotten as soon as its first
-KV slot is written again: the model runner calls `release_kv_slots(out_cache_loc)` before every forward
-(the patched `_forward_raw`), eager or replayed. A stale summary can only mis-steer block selection,
-never the attention arithmetic over kept blocks.
 """
 
 from __future__ import annotations
@@ -36,7 +30,6 @@ from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.ops import (
     BlockLayout,
     BlockSparsePrefill,
-    KeySummaryCache,
     SparsePrefill,
     SparseSettings,
     context_locs,
@@ -61,24 +54,6 @@ def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
     )
 
 
-def key_summaries(
-    config: PrefillExtConfig, host: ExtendHost, device: torch.device | str
-) -> KeySummaryCache | None:
-    """The per-slot pooled-key cache the pooled and hybrid scorers read, if `sparse_summaries` is on."""
-    if not config.sparse_summaries or config.sparse_scorer == "sampled":
-        return None
-    pool = host.token_to_kv_pool
-    scoring_layers = max(1, pool.layer_num - config.sparse_dense_layers) if config.sparse_per_layer else 1
-    return KeySummaryCache(
-        pool.size + pool.page_size,
-        scoring_layers,
-        pool.head_num,
-        pool.head_dim,
-        config.sparse_block_size,
-        device,
-    )
-
-
 class SparseExtend(ExtendPath):
     def __init__(self, host: ExtendHost, config: PrefillExtConfig, sparse: SparsePrefill) -> None:
         super().__init__(host)
@@ -87,21 +62,10 @@ class SparseExtend(ExtendPath):
         self.sparse = sparse
 
     @classmethod
-    def build(
-        cls, host: ExtendHost, config: PrefillExtConfig, workspace: torch.Tensor, device: torch.device | str
-    ) -> SparseExtend:
+    def build(cls, host: ExtendHost, config: PrefillExtConfig, workspace: torch.Tensor) -> SparseExtend:
         """The path over `host`'s KV pool; `workspace`: FlashInfer's float workspace for the plans."""
         attention = BlockSparsePrefill(workspace)
-        return cls(
-            host,
-            config,
-            SparsePrefill(sparse_settings(config), attention, key_summaries(config, host, device)),
-        )
-
-    def release_kv_slots(self, locs: torch.Tensor) -> None:
-        """Forget key summaries whose block starts at one of these KV slots (freed or rewritten)."""
-        if self.sparse.summaries is not None and locs.numel():
-            self.sparse.summaries.release(locs)
+        return cls(host, config, SparsePrefill(sparse_settings(config), attention))
 
     def _takes(self, lens: BatchLens) -> bool:
         config = self._config
@@ -133,7 +97,6 @@ class SparseExtend(ExtendPath):
                 q,
                 k_buffer,
                 layer.scaling,
-                summary_layer=layer.layer_id - self._first_layer if per_layer else 0,
                 logits_soft_cap=layer.logit_cap,
                 max_density=config.sparse_max_density if first else 1.0,
             )
