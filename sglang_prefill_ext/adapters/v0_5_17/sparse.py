@@ -51,6 +51,7 @@ def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
         sink_blocks=config.sparse_sink_blocks,
         local_blocks=config.sparse_local_blocks,
         last_blocks=config.sparse_last_blocks,
+        mean_correction=config.sparse_mean_correction,
     )
 
 
@@ -112,4 +113,4 @@ class SparseExtend(ExtendPath):
                 )
             if not planned:
                 return None
-        return self.sparse.attention.run(q, k_buffer, v_buffer)
+        return self.sparse.run(q, k_buffer, v_buffer, layer.scaling)
