@@ -133,8 +133,9 @@ SCORER_VALUES = {
     "sampled": "MASS",
     "pooled": "THRESHOLD",
     "hybrid": "THRESHOLD,MASS",
+    "energy": "ALPHA",
 }
-SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold"}
+SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "energy": "alpha"}
 
 
 def parse_config(text: str) -> tuple[str, str]:

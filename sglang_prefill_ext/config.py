@@ -58,7 +58,8 @@ class PrefillExtConfig:
         "How key blocks are chosen: 'pooled' (mean query . mean key per block pair against "
         "--prefill-ext-sparse-threshold), 'sampled' (a few exact query rows per query block and head attend "
         "over all keys; blocks are kept, largest first, until they hold --prefill-ext-sparse-mass of the "
-        "row's attention: finds single-token needles a block mean dilutes) or 'hybrid' (either keeps it).",
+        "row's attention: finds single-token needles a block mean dilutes), 'hybrid' (either keeps it) or "
+        "'energy' (FlashPrefill's block energy against --prefill-ext-sparse-alpha).",
         SCORERS,
     )
     sparse_mass: float = _option(
@@ -74,6 +75,11 @@ class PrefillExtConfig:
         SPARSE.threshold,
         "Pooled scorer: keep a key block when its estimated attention weight (from pooled Q/K) is at least "
         "this fraction of the row's best block, for any query head of the KV head's group; 0 keeps every block.",
+    )
+    sparse_alpha: float = _option(
+        SPARSE.alpha,
+        "Energy scorer: keep a key block whose energy (the softmax weight of its mean key, summed over the "
+        "query block's rows and its KV head's query heads) reaches this fraction of the row's best.",
     )
     sparse_min_len: int = _option(
         32768,

@@ -17,10 +17,10 @@ import torch
 
 from .layout import BlockLayout
 from .pooling import key_segments, segment_mean
+from .tiles import tile_scores
 
 # FlashInfer's kernels return log2(sum 2^(score * log2 e)) (fa2 prefill.cuh and fa3 attention_updater.cuh)
 FLASHINFER_LSE_TO_NATURAL = math.log(2.0)
-_STEP_ELEMENTS = 1 << 26  # scores per step of `mean_token_attention`
 
 
 def block_means(
@@ -49,36 +49,18 @@ def mean_token_attention(
     [Hkv, R, C] (score + log n). Returns out [N, Hq, D] and natural log-sum-exp [N, Hq], fp32; rows
     without a skipped block get out 0, lse -inf."""
     num_tokens, num_qo_heads, head_dim = q.shape
-    num_kv_heads = k_mean.shape[1]
-    group = num_qo_heads // num_kv_heads
-    num_rows, num_cols = skipped.shape[1:]
-    device = q.device
-    out = torch.zeros(num_tokens, num_qo_heads, head_dim, dtype=torch.float32, device=device)
-    lse = torch.full((num_tokens, num_qo_heads), float("-inf"), dtype=torch.float32, device=device)
-    block = layout.block_size
-    cols = torch.arange(num_cols, device=device)
-    within = torch.arange(block, device=device)
-    step = max(1, _STEP_ELEMENTS // (block * num_qo_heads * max(num_cols, 1)))
-    for r0 in range(0, num_rows, step):
-        rows = torch.arange(r0, min(r0 + step, num_rows), device=device)
-        if not skipped[:, rows].any():
-            continue
-        tokens = layout.row_q_start[rows].long()[:, None] + within  # [Rg, B]
-        live = within[None, :] < layout.row_q_len[rows].long()[:, None]
-        tokens = torch.where(live, tokens, 0)
-        key = layout.req_key_offset[layout.row_req[rows].long()].long()[:, None] + cols
-        key = key.clamp(max=k_mean.shape[0] - 1)  # [Rg, C]; columns past a request's keys are never skipped
-        qg = q[tokens].float().view(len(rows), block, num_kv_heads, group, head_dim)
-        s = torch.einsum("rbhgd,rchd->rhgbc", qg * sm_scale, k_mean[key])
-        s = s + layout.key_len[key].float().log()[:, None, None, None, :]
-        s = s.masked_fill(~skipped[:, rows].transpose(0, 1)[:, :, None, None, :], float("-inf"))
+    out = torch.zeros(num_tokens, num_qo_heads, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.full((num_tokens, num_qo_heads), float("-inf"), dtype=torch.float32, device=q.device)
+    if not skipped.any():
+        return out, lse
+    for t in tile_scores(q, k_mean, layout, sm_scale):
+        s = t.s + layout.key_len[t.keys].float().log()[:, None, None, None, :]
+        s = s.masked_fill(~skipped[:, t.rows].transpose(0, 1)[:, :, None, None, :], float("-inf"))
         step_lse = torch.logsumexp(s, -1)  # [Rg, Hkv, G, B]
         p = torch.exp(s - step_lse[..., None]).nan_to_num(0.0)  # rows with no mean token: all -inf
-        o = torch.einsum("rhgbc,rchd->rbhgd", p, v_mean[key]).reshape(
-            len(rows), block, num_qo_heads, head_dim
-        )
-        out[tokens[live]] = o[live]
-        lse[tokens[live]] = step_lse.permute(0, 3, 1, 2).reshape(len(rows), block, num_qo_heads)[live]
+        o = torch.einsum("rhgbc,rchd->rbhgd", p, v_mean[t.keys]).flatten(2, 3)
+        out[t.tokens[t.live]] = o[t.live]
+        lse[t.tokens[t.live]] = step_lse.permute(0, 3, 1, 2).flatten(2, 3)[t.live]
     return out, lse
 
 
