@@ -5,13 +5,18 @@ group) and each key block c the tile sees in full (c before the diagonal), s = s
 per query and head; the block's energy is E[h, r, c] = sum over the tile of exp(s - M), M the
 tile's largest such score, i.e. the softmax weight the tile would give the block's mean key, summed.
 A block is kept when E >= alpha x the row's largest E, or a structural rule holds (sinks, local
-window, diagonal, last rows). Torch reference: ~1/block_size of a dense QK^T.
+window, diagonal, last rows). Cost ~2/block_size of a dense QK^T: the Triton kernel takes one
+(row block, KV head) per program, its queries x group heads packed as rows, in two passes over the
+block means (the tile's max, then the energies); the torch reference holds a few tiles' scores.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
+from .dispatch import triton_enabled
 from .layout import BlockLayout
 from .scoring import structural_blocks
 from .settings import SparseSettings
@@ -24,8 +29,151 @@ def _visible(layout: BlockLayout, device: torch.device) -> torch.Tensor:
     return cols < layout.row_block.long().to(device)[:, None]
 
 
-def block_energy(q: torch.Tensor, k_mean: torch.Tensor, layout: BlockLayout, sm_scale: float) -> torch.Tensor:
-    """E [Hkv, R, C] fp32 from queries [N, Hq, D] and block mean keys [K, Hkv, D]; 0 where not visible."""
+@triton.jit
+def _tile_scores(
+    q_ptr,
+    kmean_ptr,
+    q_start,
+    packed,
+    num_packed,
+    cols,
+    diag,
+    key_offset,
+    head,
+    group,
+    num_qo_heads,
+    num_kv_heads,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+):
+    """Scaled scores [BLOCK_M, BLOCK_C] of packed rows (query, head of the group) against block means
+    `cols`; -inf outside the tile's rows and fully visible blocks."""
+    dims = tl.arange(0, HEAD_DIM)
+    p_live = packed < num_packed
+    q_rows = (q_start + packed // group).to(tl.int64) * num_qo_heads + head * group + packed % group
+    q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + dims[None, :], mask=p_live[:, None], other=0.0)
+    c_live = cols < diag
+    k_rows = (key_offset + cols).to(tl.int64) * num_kv_heads + head
+    k = tl.load(kmean_ptr + k_rows[:, None] * HEAD_DIM + dims[None, :], mask=c_live[:, None], other=0.0)
+    s = tl.dot(q.to(tl.float32) * sm_scale, tl.trans(k), input_precision="tf32x3")
+    return tl.where(p_live[:, None] & c_live[None, :], s, float("-inf"))
+
+
+@triton.jit
+def _energy_kernel(
+    q_ptr,
+    kmean_ptr,
+    row_req_ptr,
+    row_block_ptr,
+    row_q_start_ptr,
+    row_q_len_ptr,
+    key_offset_ptr,
+    out_ptr,
+    num_rows,
+    max_cols,
+    num_qo_heads,
+    num_kv_heads,
+    group,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    diag = tl.load(row_block_ptr + row)
+    q_start = tl.load(row_q_start_ptr + row)
+    num_packed = tl.load(row_q_len_ptr + row) * group
+    key_offset = tl.load(key_offset_ptr + tl.load(row_req_ptr + row))
+    tile_max = tl.full((), float("-inf"), tl.float32)
+    for c0 in range(0, diag, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        for p0 in range(0, num_packed, BLOCK_M):
+            packed = p0 + tl.arange(0, BLOCK_M)
+            s = _tile_scores(
+                q_ptr,
+                kmean_ptr,
+                q_start,
+                packed,
+                num_packed,
+                cols,
+                diag,
+                key_offset,
+                head,
+                group,
+                num_qo_heads,
+                num_kv_heads,
+                sm_scale,
+                HEAD_DIM,
+            )
+            tile_max = tl.maximum(tile_max, tl.max(s))
+    out_row = out_ptr + (head.to(tl.int64) * num_rows + row) * max_cols
+    for c0 in range(0, diag, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        energy = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for p0 in range(0, num_packed, BLOCK_M):
+            packed = p0 + tl.arange(0, BLOCK_M)
+            s = _tile_scores(
+                q_ptr,
+                kmean_ptr,
+                q_start,
+                packed,
+                num_packed,
+                cols,
+                diag,
+                key_offset,
+                head,
+                group,
+                num_qo_heads,
+                num_kv_heads,
+                sm_scale,
+                HEAD_DIM,
+            )
+            energy += tl.sum(tl.exp(s - tile_max), axis=0)
+        tl.store(out_row + cols, energy, mask=cols < diag)
+
+
+def block_energy_triton(
+    q: torch.Tensor,
+    k_mean: torch.Tensor,
+    layout: BlockLayout,
+    sm_scale: float,
+    block_rows: int = 64,
+    block_cols: int = 32,
+) -> torch.Tensor:
+    """`block_rows` packed rows and `block_cols` key blocks per inner step (launch tuning only)."""
+    num_qo_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_mean.shape[1]
+    out = torch.zeros(
+        num_kv_heads, layout.num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device
+    )
+    if layout.num_rows == 0:
+        return out
+    _energy_kernel[(layout.num_rows, num_kv_heads)](
+        q.contiguous(),
+        k_mean.contiguous(),
+        layout.row_req,
+        layout.row_block,
+        layout.row_q_start,
+        layout.row_q_len,
+        layout.req_key_offset,
+        out,
+        layout.num_rows,
+        layout.max_key_blocks,
+        num_qo_heads,
+        num_kv_heads,
+        num_qo_heads // num_kv_heads,
+        sm_scale,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_rows,
+        BLOCK_C=block_cols,
+    )
+    return out
+
+
+def block_energy_reference(
+    q: torch.Tensor, k_mean: torch.Tensor, layout: BlockLayout, sm_scale: float
+) -> torch.Tensor:
     visible = _visible(layout, q.device)
     energy = torch.zeros(k_mean.shape[1], layout.num_rows, layout.max_key_blocks, device=q.device)
     for t in tile_scores(q, k_mean, layout, sm_scale):
@@ -34,6 +182,12 @@ def block_energy(q: torch.Tensor, k_mean: torch.Tensor, layout: BlockLayout, sm_
         tile_max = s.amax((2, 3, 4), keepdim=True)
         energy[:, t.rows] = torch.exp(s - tile_max).nan_to_num(0.0).sum((2, 3)).transpose(0, 1)
     return energy
+
+
+def block_energy(q: torch.Tensor, k_mean: torch.Tensor, layout: BlockLayout, sm_scale: float) -> torch.Tensor:
+    """E [Hkv, R, C] fp32 from queries [N, Hq, D] and block mean keys [K, Hkv, D]; 0 where not visible."""
+    impl = block_energy_triton if triton_enabled(q) else block_energy_reference
+    return impl(q, k_mean, layout, sm_scale)
 
 
 def select_by_energy(energy: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from kvpool import make_pool
 
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
-from sglang_prefill_ext.ops.energy import block_energy, select_by_energy
+from sglang_prefill_ext.ops.energy import (
+    block_energy,
+    block_energy_reference,
+    block_energy_triton,
+    select_by_energy,
+)
 from sglang_prefill_ext.ops.layout import context_locs
 from sglang_prefill_ext.ops.pooling import key_segments, pool_keys
 
@@ -14,7 +20,7 @@ BLOCK = 16
 PREFIX, EXTEND = [40, 0], [100, 77]
 
 
-def _case(heads: tuple[int, int] = (6, 2), head_dim: int = 8):
+def _case(heads: tuple[int, int] = (6, 2), head_dim: int = 16):
     pool = make_pool(
         [p + n for p, n in zip(PREFIX, EXTEND, strict=True)], 4, heads[1], head_dim, torch.float32
     )
@@ -24,10 +30,12 @@ def _case(heads: tuple[int, int] = (6, 2), head_dim: int = 8):
     return pool, layout, locs, q
 
 
-def test_energy_matches_a_loop_over_tiles() -> None:
-    pool, layout, locs, q = _case()
+@pytest.mark.parametrize("impl", [block_energy_reference, block_energy_triton])
+@pytest.mark.parametrize(("heads", "head_dim"), [((6, 2), 16), ((8, 8), 32)])
+def test_energy_matches_a_loop_over_tiles(impl, heads: tuple[int, int], head_dim: int) -> None:
+    pool, layout, locs, q = _case(heads, head_dim)
     k_mean = pool_keys(pool.k, key_segments(layout, locs))
-    got = block_energy(q, k_mean, layout, 0.5)
+    got = impl(q, k_mean, layout, 0.5)
     num_kv_heads = k_mean.shape[1]
     group = q.shape[1] // num_kv_heads
     for r in range(layout.num_rows):
