@@ -134,8 +134,9 @@ SCORER_VALUES = {
     "pooled": "THRESHOLD",
     "hybrid": "THRESHOLD,MASS",
     "energy": "ALPHA",
+    "head-energy": "ALPHA",
 }
-SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "energy": "alpha"}
+SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "energy": "alpha", "head-energy": "alpha"}
 
 
 def parse_config(text: str) -> tuple[str, str]:

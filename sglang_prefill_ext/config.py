@@ -59,7 +59,8 @@ class PrefillExtConfig:
         "--prefill-ext-sparse-threshold), 'sampled' (a few exact query rows per query block and head attend "
         "over all keys; blocks are kept, largest first, until they hold --prefill-ext-sparse-mass of the "
         "row's attention: finds single-token needles a block mean dilutes), 'hybrid' (either keeps it) or "
-        "'energy' (FlashPrefill's block energy against --prefill-ext-sparse-alpha).",
+        "'energy' (FlashPrefill V2's block energy, a KV head's query heads in one tile, against "
+        "--prefill-ext-sparse-alpha) or 'head-energy' (FlashPrefill's: one tile per query head).",
         SCORERS,
     )
     sparse_mass: float = _option(
@@ -78,8 +79,9 @@ class PrefillExtConfig:
     )
     sparse_alpha: float = _option(
         SPARSE.alpha,
-        "Energy scorer: keep a key block whose energy (the softmax weight of its mean key, summed over the "
-        "query block's rows and its KV head's query heads) reaches this fraction of the row's best.",
+        "Energy scorers: keep a key block whose energy (the softmax weight of its mean key, summed over a "
+        "tile: the query block's rows and its KV head's query heads, or one query head) reaches this "
+        "fraction of the tile's best.",
     )
     sparse_min_len: int = _option(
         32768,

@@ -1,13 +1,14 @@
-"""Block energy scorer (FlashPrefill, arXiv 2603.06199, as its V2 code selects).
+"""Block energy scorers (FlashPrefill, arXiv 2603.06199, and its V2).
 
-For the query tile of row block r and KV head h (every query of the block, every query head of h's
-group) and each key block c the tile sees in full (c before the diagonal), s = sm_scale * q . mean(k_c)
-per query and head; the block's energy is E[h, r, c] = sum over the tile of exp(s - M), M the
-tile's largest such score, i.e. the softmax weight the tile would give the block's mean key, summed.
-A block is kept when E >= alpha x the row's largest E, or a structural rule holds (sinks, local
-window, diagonal, last rows). Cost ~2/block_size of a dense QK^T: the Triton kernel takes one
-(row block, KV head) per program, its queries x group heads packed as rows, in two passes over the
-block means (the tile's max, then the energies); the torch reference holds a few tiles' scores.
+A tile is the queries of row block r with one query head (scorer "head-energy", FlashPrefill) or
+with every query head of a KV head's group packed together (scorer "energy", V2's PackGQA). For each
+key block c the tile sees in full (c before the diagonal), s = sm_scale * q . mean(k_c) per packed
+row; the block's energy is E = sum over the tile of exp(s - M), M the tile's largest such score: the
+softmax weight the tile gives the block's mean key, summed. A KV head keeps a block when, for one of
+its tiles, E >= alpha x that tile's largest E, or a structural rule holds (sinks, local window,
+diagonal, last rows). Cost ~2/block_size of a dense QK^T: the Triton kernel takes one (row block,
+tile) per program, in two passes over the block means (the tile's max, then the energies); the
+torch reference holds a few row blocks' scores.
 """
 
 from __future__ import annotations
@@ -39,21 +40,22 @@ def _tile_scores(
     cols,
     diag,
     key_offset,
-    head,
-    group,
+    first_head,
+    tile_heads,
+    kv_head,
     num_qo_heads,
     num_kv_heads,
     sm_scale,
     HEAD_DIM: tl.constexpr,
 ):
-    """Scaled scores [BLOCK_M, BLOCK_C] of packed rows (query, head of the group) against block means
-    `cols`; -inf outside the tile's rows and fully visible blocks."""
+    """Scaled scores [BLOCK_M, BLOCK_C] of packed rows (query, one of the tile's heads) against block
+    means `cols`; -inf outside the tile's rows and fully visible blocks."""
     dims = tl.arange(0, HEAD_DIM)
     p_live = packed < num_packed
-    q_rows = (q_start + packed // group).to(tl.int64) * num_qo_heads + head * group + packed % group
+    q_rows = (q_start + packed // tile_heads).to(tl.int64) * num_qo_heads + first_head + packed % tile_heads
     q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + dims[None, :], mask=p_live[:, None], other=0.0)
     c_live = cols < diag
-    k_rows = (key_offset + cols).to(tl.int64) * num_kv_heads + head
+    k_rows = (key_offset + cols).to(tl.int64) * num_kv_heads + kv_head
     k = tl.load(kmean_ptr + k_rows[:, None] * HEAD_DIM + dims[None, :], mask=c_live[:, None], other=0.0)
     s = tl.dot(q.to(tl.float32) * sm_scale, tl.trans(k), input_precision="tf32x3")
     return tl.where(p_live[:, None] & c_live[None, :], s, float("-inf"))
@@ -74,16 +76,19 @@ def _energy_kernel(
     num_qo_heads,
     num_kv_heads,
     group,
+    tile_heads,
     sm_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     row = tl.program_id(0)
-    head = tl.program_id(1)
+    tile = tl.program_id(1)
+    first_head = tile * tile_heads
+    kv_head = first_head // group
     diag = tl.load(row_block_ptr + row)
     q_start = tl.load(row_q_start_ptr + row)
-    num_packed = tl.load(row_q_len_ptr + row) * group
+    num_packed = tl.load(row_q_len_ptr + row) * tile_heads
     key_offset = tl.load(key_offset_ptr + tl.load(row_req_ptr + row))
     tile_max = tl.full((), float("-inf"), tl.float32)
     for c0 in range(0, diag, BLOCK_C):
@@ -99,15 +104,16 @@ def _energy_kernel(
                 cols,
                 diag,
                 key_offset,
-                head,
-                group,
+                first_head,
+                tile_heads,
+                kv_head,
                 num_qo_heads,
                 num_kv_heads,
                 sm_scale,
                 HEAD_DIM,
             )
             tile_max = tl.maximum(tile_max, tl.max(s))
-    out_row = out_ptr + (head.to(tl.int64) * num_rows + row) * max_cols
+    out_row = out_ptr + (tile.to(tl.int64) * num_rows + row) * max_cols
     for c0 in range(0, diag, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         energy = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -122,8 +128,9 @@ def _energy_kernel(
                 cols,
                 diag,
                 key_offset,
-                head,
-                group,
+                first_head,
+                tile_heads,
+                kv_head,
                 num_qo_heads,
                 num_kv_heads,
                 sm_scale,
@@ -138,18 +145,18 @@ def block_energy_triton(
     k_mean: torch.Tensor,
     layout: BlockLayout,
     sm_scale: float,
+    tile_heads: int,
     block_rows: int = 64,
     block_cols: int = 32,
 ) -> torch.Tensor:
     """`block_rows` packed rows and `block_cols` key blocks per inner step (launch tuning only)."""
     num_qo_heads, head_dim = q.shape[1:]
     num_kv_heads = k_mean.shape[1]
-    out = torch.zeros(
-        num_kv_heads, layout.num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device
-    )
+    num_tiles = num_qo_heads // tile_heads
+    out = torch.zeros(num_tiles, layout.num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device)
     if layout.num_rows == 0:
         return out
-    _energy_kernel[(layout.num_rows, num_kv_heads)](
+    _energy_kernel[(layout.num_rows, num_tiles)](
         q.contiguous(),
         k_mean.contiguous(),
         layout.row_req,
@@ -163,6 +170,7 @@ def block_energy_triton(
         num_qo_heads,
         num_kv_heads,
         num_qo_heads // num_kv_heads,
+        tile_heads,
         sm_scale,
         HEAD_DIM=head_dim,
         BLOCK_M=block_rows,
@@ -172,27 +180,33 @@ def block_energy_triton(
 
 
 def block_energy_reference(
-    q: torch.Tensor, k_mean: torch.Tensor, layout: BlockLayout, sm_scale: float
+    q: torch.Tensor, k_mean: torch.Tensor, layout: BlockLayout, sm_scale: float, tile_heads: int
 ) -> torch.Tensor:
+    num_tiles = q.shape[1] // tile_heads
     visible = _visible(layout, q.device)
-    energy = torch.zeros(k_mean.shape[1], layout.num_rows, layout.max_key_blocks, device=q.device)
+    energy = torch.zeros(num_tiles, layout.num_rows, layout.max_key_blocks, device=q.device)
     for t in tile_scores(q, k_mean, layout, sm_scale):
         scored = visible[t.rows][:, None, None, None, :] & t.live[:, None, None, :, None]
-        s = t.s.masked_fill(~scored, float("-inf"))
+        s = t.s.flatten(1, 2).unflatten(1, (num_tiles, tile_heads))  # [Rg, tiles, heads, B, C]
+        s = s.masked_fill(~scored, float("-inf"))
         tile_max = s.amax((2, 3, 4), keepdim=True)
         energy[:, t.rows] = torch.exp(s - tile_max).nan_to_num(0.0).sum((2, 3)).transpose(0, 1)
     return energy
 
 
-def block_energy(q: torch.Tensor, k_mean: torch.Tensor, layout: BlockLayout, sm_scale: float) -> torch.Tensor:
-    """E [Hkv, R, C] fp32 from queries [N, Hq, D] and block mean keys [K, Hkv, D]; 0 where not visible."""
+def block_energy(
+    q: torch.Tensor, k_mean: torch.Tensor, layout: BlockLayout, sm_scale: float, tile_heads: int
+) -> torch.Tensor:
+    """E [Hq / tile_heads, R, C] fp32 from queries [N, Hq, D] and block mean keys [K, Hkv, D], tiles of
+    `tile_heads` consecutive query heads (1, or the group size); 0 where not visible."""
     impl = block_energy_triton if triton_enabled(q) else block_energy_reference
-    return impl(q, k_mean, layout, sm_scale)
+    return impl(q, k_mean, layout, sm_scale, tile_heads)
 
 
-def select_by_energy(energy: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
-    """Kept blocks bool [Hkv, R, C]: energy >= `settings.alpha` x the row's best, plus the structural ones."""
-    chosen = (energy >= settings.alpha * energy.amax(-1, keepdim=True)) & _visible(layout, energy.device)[
-        None
-    ]
+def select_by_energy(
+    energy: torch.Tensor, num_kv_heads: int, layout: BlockLayout, settings: SparseSettings
+) -> torch.Tensor:
+    """Kept blocks bool [Hkv, R, C] from the tiles' energies [tiles, R, C] (see the module's docstring)."""
+    passed = energy >= settings.alpha * energy.amax(-1, keepdim=True)
+    chosen = passed.unflatten(0, (num_kv_heads, -1)).any(1) & _visible(layout, energy.device)[None]
     return chosen | structural_blocks(layout, settings, energy.device)[None]

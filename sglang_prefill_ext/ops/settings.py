@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-SCORERS = ("hybrid", "sampled", "pooled", "energy")
+SCORERS = ("hybrid", "sampled", "pooled", "energy", "head-energy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +20,7 @@ class SparseSettings:
     Scorer "pooled": its pooled score reaches `threshold` x the row's best for some query head of the
     KV head's group. Scorer "hybrid": either rule keeps it. Scorer "energy": the block's energy (the
     softmax weight of its mean key summed over the query block's rows and group heads, energy.py)
-    reaches `alpha` x the row's best.
+    reaches `alpha` x the row's best; "head-energy": the same per query head, for any head of the group.
 
     With `mean_correction`, every skipped key block a query block sees in full (before its diagonal)
     still enters that block's softmax as one token, its mean key and mean value, with its score raised

@@ -102,7 +102,7 @@ def _plant_needles(q: torch.Tensor, pool, num: int, seed: int) -> list[tuple[int
 
 
 @pytest.mark.parametrize(("heads", "head_dim"), [((32, 8), 128), ((28, 4), 64)])
-@pytest.mark.parametrize("scorer", ["hybrid", "sampled", "pooled", "energy"])
+@pytest.mark.parametrize("scorer", ["hybrid", "sampled", "pooled", "energy", "head-energy"])
 def test_planted_needles_are_always_selected_at_default_settings(
     heads: tuple[int, int], head_dim: int, scorer: str
 ) -> None:
