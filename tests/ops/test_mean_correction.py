@@ -8,7 +8,7 @@ from kvpool import causal_attention, make_pool, request_kv, sdpa_reference, toke
 
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.layout import context_locs
-from sglang_prefill_ext.ops.mean_correction import skipped_visible
+from sglang_prefill_ext.ops.mean_correction import block_means, mean_token_attention, skipped_visible
 from sglang_prefill_ext.ops.reference import block_sparse_attention
 
 BLOCK = 32
@@ -76,3 +76,32 @@ def test_skipped_visible_excludes_kept_diagonal_and_future_blocks() -> None:
     assert not (skipped & mask).any()
     assert not (skipped & (cols[None, :] >= cols[:, None])[None]).any()
     assert torch.equal(skipped | mask, mask | (cols[None, :] < cols[:, None])[None])
+
+
+def test_mean_token_attention_matches_a_loop_over_queries_with_cached_prefixes() -> None:
+    prefix, extend, heads, head_dim = [40, 0, 70], [100, 77, 5], (6, 2), 8
+    ctx = [p + n for p, n in zip(prefix, extend, strict=True)]
+    pool = make_pool(ctx, 4, heads[1], head_dim, dtype=torch.float32, seed=6)
+    layout = BlockLayout.build(prefix, extend, BLOCK)
+    locs = context_locs(layout, pool.req_to_token, pool.req_pool_indices)
+    q = torch.randn(layout.num_tokens, heads[0], head_dim)
+    gen = torch.Generator().manual_seed(7)
+    skipped = skipped_visible(
+        torch.rand(heads[1], layout.num_rows, layout.max_key_blocks, generator=gen) < 0.5, layout
+    )
+    k_mean, v_mean = block_means(pool.k, pool.v, layout, locs)
+    out, lse = mean_token_attention(q, k_mean, v_mean, skipped, layout, 0.5)
+    group = heads[0] // heads[1]
+    for r in range(layout.num_rows):
+        offset = int(layout.req_key_offset[layout.row_req[r]])
+        for t in range(int(layout.row_q_start[r]), int(layout.row_q_start[r] + layout.row_q_len[r])):
+            for head in range(heads[0]):
+                cols = skipped[head // group, r].nonzero().flatten()
+                keys = offset + cols
+                s = 0.5 * k_mean[keys, head // group] @ q[t, head] + layout.key_len[keys].float().log()
+                want_lse = torch.logsumexp(s, 0) if len(cols) else torch.tensor(float("-inf"))
+                want = (
+                    torch.softmax(s, 0) @ v_mean[keys, head // group] if len(cols) else torch.zeros(head_dim)
+                )
+                torch.testing.assert_close(lse[t, head], want_lse, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(out[t, head], want, atol=1e-5, rtol=1e-5)
