@@ -117,7 +117,7 @@ class PrefillExtConfig:
         SPARSE.mean_correction,
         "Every key block a query block skips but sees in full enters its softmax as one token (the block's "
         "mean key and value, score + log(block tokens)), so the skipped attention is approximated, not "
-        "dropped (FlashPrefill V2). Torch, about 1/block-size of a dense QK^T.",
+        "dropped (FlashPrefill V2). A Triton kernel over queries x key blocks, about 2/block-size of dense.",
     )
     sparse_per_layer: bool = _option(
         True,

@@ -21,44 +21,13 @@ from .dispatch import triton_enabled
 from .layout import BlockLayout
 from .scoring import structural_blocks
 from .settings import SparseSettings
-from .tiles import tile_scores
+from .tiles import packed_tile_scores, tile_scores
 
 
 def _visible(layout: BlockLayout, device: torch.device) -> torch.Tensor:
     """Key blocks each row block sees in full (before its diagonal): bool [R, C]."""
     cols = torch.arange(layout.max_key_blocks, device=device)[None, :]
     return cols < layout.row_block.long().to(device)[:, None]
-
-
-@triton.jit
-def _tile_scores(
-    q_ptr,
-    kmean_ptr,
-    q_start,
-    packed,
-    num_packed,
-    cols,
-    diag,
-    key_offset,
-    first_head,
-    tile_heads,
-    kv_head,
-    num_qo_heads,
-    num_kv_heads,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-):
-    """Scaled scores [BLOCK_M, BLOCK_C] of packed rows (query, one of the tile's heads) against block
-    means `cols`; -inf outside the tile's rows and fully visible blocks."""
-    dims = tl.arange(0, HEAD_DIM)
-    p_live = packed < num_packed
-    q_rows = (q_start + packed // tile_heads).to(tl.int64) * num_qo_heads + first_head + packed % tile_heads
-    q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + dims[None, :], mask=p_live[:, None], other=0.0)
-    c_live = cols < diag
-    k_rows = (key_offset + cols).to(tl.int64) * num_kv_heads + kv_head
-    k = tl.load(kmean_ptr + k_rows[:, None] * HEAD_DIM + dims[None, :], mask=c_live[:, None], other=0.0)
-    s = tl.dot(q.to(tl.float32) * sm_scale, tl.trans(k), input_precision="tf32x3")
-    return tl.where(p_live[:, None] & c_live[None, :], s, float("-inf"))
 
 
 @triton.jit
@@ -95,7 +64,7 @@ def _energy_kernel(
         cols = c0 + tl.arange(0, BLOCK_C)
         for p0 in range(0, num_packed, BLOCK_M):
             packed = p0 + tl.arange(0, BLOCK_M)
-            s = _tile_scores(
+            s = packed_tile_scores(
                 q_ptr,
                 kmean_ptr,
                 q_start,
@@ -119,7 +88,7 @@ def _energy_kernel(
         energy = tl.zeros([BLOCK_C], dtype=tl.float32)
         for p0 in range(0, num_packed, BLOCK_M):
             packed = p0 + tl.arange(0, BLOCK_M)
-            s = _tile_scores(
+            s = packed_tile_scores(
                 q_ptr,
                 kmean_ptr,
                 q_start,

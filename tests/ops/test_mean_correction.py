@@ -8,7 +8,12 @@ from kvpool import causal_attention, make_pool, request_kv, sdpa_reference, toke
 
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.layout import context_locs
-from sglang_prefill_ext.ops.mean_correction import block_means, mean_token_attention, skipped_visible
+from sglang_prefill_ext.ops.mean_correction import (
+    block_means,
+    mean_token_attention_reference,
+    mean_token_attention_triton,
+    skipped_visible,
+)
 from sglang_prefill_ext.ops.reference import block_sparse_attention
 
 BLOCK = 32
@@ -78,8 +83,9 @@ def test_skipped_visible_excludes_kept_diagonal_and_future_blocks() -> None:
     assert torch.equal(skipped | mask, mask | (cols[None, :] < cols[:, None])[None])
 
 
-def test_mean_token_attention_matches_a_loop_over_queries_with_cached_prefixes() -> None:
-    prefix, extend, heads, head_dim = [40, 0, 70], [100, 77, 5], (6, 2), 8
+@pytest.mark.parametrize("impl", [mean_token_attention_reference, mean_token_attention_triton])
+def test_mean_token_attention_matches_a_loop_over_queries_with_cached_prefixes(impl) -> None:
+    prefix, extend, heads, head_dim = [40, 0, 70], [100, 77, 5], (6, 2), 16
     ctx = [p + n for p, n in zip(prefix, extend, strict=True)]
     pool = make_pool(ctx, 4, heads[1], head_dim, dtype=torch.float32, seed=6)
     layout = BlockLayout.build(prefix, extend, BLOCK)
@@ -90,7 +96,7 @@ def test_mean_token_attention_matches_a_loop_over_queries_with_cached_prefixes()
         torch.rand(heads[1], layout.num_rows, layout.max_key_blocks, generator=gen) < 0.5, layout
     )
     k_mean, v_mean = block_means(pool.k, pool.v, layout, locs)
-    out, lse = mean_token_attention(q, k_mean, v_mean, skipped, layout, 0.5)
+    out, lse = impl(q, k_mean, v_mean, skipped, layout, 0.5)
     group = heads[0] // heads[1]
     for r in range(layout.num_rows):
         offset = int(layout.req_key_offset[layout.row_req[r]])

@@ -1,5 +1,6 @@
 """On the GPU: FlashInfer's block-sparse output and LSE merged with the mean tokens of the skipped
-blocks, against the fp32 torch reference and, when skipped blocks hold equal keys, against dense."""
+blocks, against the fp32 torch reference and, when skipped blocks hold equal keys, against dense; the
+mean-token kernel against torch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from kvpool import assert_requests_match_sdpa, make_pool, request_kv
 
 from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.layout import context_locs
+from sglang_prefill_ext.ops.mean_correction import (
+    block_means,
+    mean_token_attention_reference,
+    mean_token_attention_triton,
+    skipped_visible,
+)
 from sglang_prefill_ext.ops.reference import block_sparse_attention
 
 pytestmark = pytest.mark.gpu
@@ -58,3 +65,23 @@ def test_equal_key_blocks_make_the_corrected_path_dense(prefix: list[int], exten
     q = torch.randn(sum(extend), heads[0], head_dim, device=DEVICE).bfloat16()
     sparse, out = _run_random_plan(pool, q, BlockLayout.build(prefix, extend, SETTINGS.block_size, DEVICE))
     assert_requests_match_sdpa(out, q, pool, prefix, extend)
+
+
+@pytest.mark.parametrize(("heads", "head_dim"), [((32, 8), 128), ((9, 3), 64)])
+def test_mean_token_kernel_matches_torch_on_gpu(heads: tuple[int, int], head_dim: int) -> None:
+    prefix, extend = [2000, 0, 300], [900, 3000, 5]
+    pool = make_pool(
+        [p + n for p, n in zip(prefix, extend, strict=True)], 16, heads[1], head_dim, device=DEVICE
+    )
+    layout = BlockLayout.build(prefix, extend, 128, DEVICE)
+    k_mean, v_mean = block_means(
+        pool.k, pool.v, layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices)
+    )
+    q = torch.randn(layout.num_tokens, heads[0], head_dim, device=DEVICE).bfloat16()
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    mask = torch.rand(heads[1], layout.num_rows, layout.max_key_blocks, generator=gen, device=DEVICE) < 0.3
+    skipped = skipped_visible(mask, layout)
+    got = mean_token_attention_triton(q, k_mean, v_mean, skipped, layout, head_dim**-0.5)
+    want = mean_token_attention_reference(q, k_mean, v_mean, skipped, layout, head_dim**-0.5)
+    torch.testing.assert_close(got[0], want[0], atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(got[1], want[1], atol=1e-3, rtol=1e-3)
