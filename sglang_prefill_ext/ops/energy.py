@@ -21,13 +21,7 @@ from .dispatch import triton_enabled
 from .layout import BlockLayout
 from .scoring import structural_blocks
 from .settings import SparseSettings
-from .tiles import packed_tile_scores, tile_scores
-
-
-def _visible(layout: BlockLayout, device: torch.device) -> torch.Tensor:
-    """Key blocks each row block sees in full (before its diagonal): bool [R, C]."""
-    cols = torch.arange(layout.max_key_blocks, device=device)[None, :]
-    return cols < layout.row_block.long().to(device)[:, None]
+from .tiles import packed_tile_scores, tile_scores, visible_blocks
 
 
 @triton.jit
@@ -152,7 +146,7 @@ def block_energy_reference(
     q: torch.Tensor, k_mean: torch.Tensor, layout: BlockLayout, sm_scale: float, tile_heads: int
 ) -> torch.Tensor:
     num_tiles = q.shape[1] // tile_heads
-    visible = _visible(layout, q.device)
+    visible = visible_blocks(layout, q.device)
     energy = torch.zeros(num_tiles, layout.num_rows, layout.max_key_blocks, device=q.device)
     for t in tile_scores(q, k_mean, layout, sm_scale):
         scored = visible[t.rows][:, None, None, None, :] & t.live[:, None, None, :, None]
@@ -177,5 +171,5 @@ def select_by_energy(
 ) -> torch.Tensor:
     """Kept blocks bool [Hkv, R, C] from the tiles' energies [tiles, R, C] (see the module's docstring)."""
     passed = energy >= settings.alpha * energy.amax(-1, keepdim=True)
-    chosen = passed.unflatten(0, (num_kv_heads, -1)).any(1) & _visible(layout, energy.device)[None]
+    chosen = passed.unflatten(0, (num_kv_heads, -1)).any(1) & visible_blocks(layout, energy.device)[None]
     return chosen | structural_blocks(layout, settings, energy.device)[None]

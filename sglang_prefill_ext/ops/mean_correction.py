@@ -21,7 +21,7 @@ import triton.language as tl
 from .dispatch import triton_enabled
 from .layout import BlockLayout
 from .pooling import key_segments, segment_mean
-from .tiles import packed_tile_scores, tile_scores
+from .tiles import packed_tile_scores, tile_scores, visible_blocks
 
 # FlashInfer's kernels return log2(sum 2^(score * log2 e)) (fa2 prefill.cuh and fa3 attention_updater.cuh)
 FLASHINFER_LSE_TO_NATURAL = math.log(2.0)
@@ -37,8 +37,7 @@ def block_means(
 
 def skipped_visible(mask: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     """Key blocks each row skips though it sees them in full (before its diagonal): bool [Hkv, R, C]."""
-    cols = torch.arange(mask.shape[-1], device=mask.device)[None, :]
-    return ~mask & (cols < layout.row_block.long().to(mask.device)[:, None])[None]
+    return ~mask & visible_blocks(layout, mask.device)[None]
 
 
 @triton.jit

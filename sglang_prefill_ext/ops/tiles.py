@@ -20,6 +20,12 @@ from .layout import BlockLayout
 _STEP_ELEMENTS = 1 << 26  # scores held per step
 
 
+def visible_blocks(layout: BlockLayout, device: torch.device) -> torch.Tensor:
+    """Key blocks each row block sees in full (before its diagonal): bool [R, C]."""
+    cols = torch.arange(layout.max_key_blocks, device=device)[None, :]
+    return cols < layout.row_block.long().to(device)[:, None]
+
+
 @dataclasses.dataclass(frozen=True)
 class TileScores:
     """Scores of row blocks `rows` [Rg]: s [Rg, Hkv, G, B, C] = sm_scale * q . summary of key block c
