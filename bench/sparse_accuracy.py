@@ -1,19 +1,21 @@
 """Accuracy of block-sparse prefill on real weights: next-token predictions, sparse vs dense (issue 6).
 
     python bench/sparse_accuracy.py --model-dir DIR [--prompts 8] [--length 8192] [--json PATH]
-        [--configs sampled:0.95 pooled:0.05 ...] [--samples 2] [--local-blocks 4] [--dense-layers 2]
-        [--block-size 128] [--shared] [--device cuda|cpu] [--emulate]
+        [--configs sampled:0.95 pooled:0.05 ...] [--mean-correction off|on|both] [--samples 2]
+        [--local-blocks 4] [--dense-layers 2] [--block-size 128] [--shared] [--device cuda|cpu] [--emulate]
 
 Loads an HF checkpoint (SmolLM2-135M-Instruct, converted by scripts/models/convert_smollm2.py) with
 transformers on the GPU and runs each prompt of `--length` tokens of real text (`real_text.py`) twice:
 dense (torch SDPA, causal) and with every layer from `--dense-layers` on attending through this
 package's `SparsePrefill` exactly as the serving backend runs a fresh prompt (one KV pool slot per
 position, selection and plan in every sparse layer, or with --shared once at the first). With
---emulate (always on the CPU) the model runs in fp32 and the kept blocks through exact masked SDPA,
-so only the selection differs from dense. Reports, over
-every position and over the positions past the first 1,024: top-1 agreement of the next-token
-argmax, mean KL(dense || sparse) of the next-token distributions, and the kept-block density (mean
-over the selecting layers), for every scorer:value setting given.
+--emulate (always on the CPU) the model runs in fp32 and every layer, dense reference included,
+through exact attention a chunk of queries at a time (ops/reference.py: nothing is L x L, so 128K
+fits an H200), the sparse layers over their kept blocks only: only the selection (and the mean
+correction) differs from dense. Reports, over every position and over the positions past the first
+1,024: top-1 agreement of the next-token argmax, mean KL(dense || sparse) of the next-token
+distributions, and the kept-block density (kept causal blocks over causal blocks: mean over the
+selecting layers; the JSON has it per layer and per KV head), for every scorer:value setting given.
 """
 
 from __future__ import annotations
@@ -28,12 +30,30 @@ import torch.nn.functional as F
 from real_text import corpus_ids
 
 from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
+from sglang_prefill_ext.ops.reference import block_sparse_attention
 
 TAIL_FROM = 1024
 
 
+def token_major(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """transformers' [1, H, L, D] -> [L, H, D]."""
+    assert all(t.shape[0] == 1 for t in tensors), "one prompt per forward"
+    return [t[0].transpose(0, 1).contiguous() for t in tensors]
+
+
+def exact_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """A transformers attention function: exact fp32 causal attention, a chunk of queries at a time
+    (the fp32 math SDPA kernel would hold L x L: 144 GiB at 64K)."""
+    out, _ = block_sparse_attention(*token_major(query, key, value), scaling)
+    return out.to(query.dtype).unsqueeze(0), None
+
+
 class SparseAttention:
-    """A transformers attention function: SDPA for the first layers, `SparsePrefill` for the rest."""
+    """A transformers attention function: dense for the first layers, `SparsePrefill` for the rest.
+
+    Emulated (fp32), every layer runs `block_sparse_attention` (the sparse ones over their kept
+    blocks, then mean-corrected when the settings ask), so only the selection differs from dense.
+    """
 
     def __init__(
         self, sparse: SparsePrefill, dense_layers: int, block_size: int, per_layer: bool, emulate: bool
@@ -43,57 +63,44 @@ class SparseAttention:
         self.block_size = block_size
         self.per_layer = per_layer
         self.emulate = emulate
-        self.densities: list[float] = []
+        self.densities: list[dict[int, list[float]]] = []  # per forward: selecting layer -> per KV head
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         if module.layer_idx < self.dense_layers:
-            return sdpa_attention_forward(
-                module, query, key, value, attention_mask, dropout, scaling, **kwargs
+            dense = exact_attention if self.emulate else sdpa_attention_forward
+            return dense(
+                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
             )
-        assert query.shape[0] == 1, "one prompt per forward"
-        length = query.shape[2]
-        q = query[0].transpose(0, 1).contiguous()  # [L, Hq, D]
-        k, v = key[0].transpose(0, 1).contiguous(), value[0].transpose(0, 1).contiguous()
+        q, k, v = token_major(query, key, value)
+        length = q.shape[0]
         first = module.layer_idx == self.dense_layers
         if first:
             layout = BlockLayout.build([0], [length], self.block_size, q.device)
             self.sparse.begin(layout, torch.arange(length, device=q.device))
-            self._layer_densities: list[float] = []
+            self.densities.append({})
         select = first or self.per_layer
         if self.emulate:
             out = self._emulate(q, k, v, scaling, select)
         else:
             out = self.sparse.forward(q, k, v, scaling, replan=self.per_layer)
         if select:
-            self._layer_densities.append(self.sparse.density())
-        if module.layer_idx == module.config.num_hidden_layers - 1:
-            self.densities.append(statistics.mean(self._layer_densities))
+            self.densities[-1][module.layer_idx] = self.sparse.head_densities().tolist()
         return out.unsqueeze(0), None
 
     def _emulate(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, select: bool
     ) -> torch.Tensor:
-        """The same block selection, then exact attention restricted to the kept blocks (masked SDPA in
-        the model's dtype, fp32 here), so only the selection differs from dense."""
-        group = q.shape[1] // k.shape[1]
         if select:
             self.sparse.mask = self.sparse.select(q, k, scaling)
-            blocks = torch.arange(q.shape[0], device=q.device) // self.block_size
-            keep = (
-                self.sparse.mask[:, blocks][:, :, blocks]
-                & torch.ones(q.shape[0], q.shape[0], dtype=torch.bool, device=q.device).tril()
-            )
-            self._keep = keep.repeat_interleave(group, 0)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.repeat_interleave(group, 1).transpose(0, 1), v.repeat_interleave(group, 1).transpose(0, 1),
-            attn_mask=self._keep, scale=scaling,
-        )  # fmt: skip
-        return out.transpose(0, 1)
+        out, lse = block_sparse_attention(q, k, v, scaling, self.sparse.mask, self.block_size)
+        if self.sparse.settings.mean_correction:
+            out = self.sparse.mean_correct(q, k, v, out, lse, scaling)
+        return out.to(q.dtype)
 
 
-def compare_logits(dense: torch.Tensor, sparse: torch.Tensor, density: float) -> dict[str, float]:
+def compare_logits(dense: torch.Tensor, sparse: torch.Tensor) -> dict[str, float]:
     agree = dense.argmax(-1) == sparse.argmax(-1)
     # row chunks: at 128K positions one fp32 log-softmax of the logits alone is 24 GiB
     kl = torch.cat([
@@ -106,16 +113,37 @@ def compare_logits(dense: torch.Tensor, sparse: torch.Tensor, density: float) ->
         kl=float(kl.mean()),
         kl_tail=float(kl[TAIL_FROM:].mean()),
         kl_max=float(kl.max()),
-        density=density,
     )
+
+
+def density_summary(forwards: list[dict[int, list[float]]]) -> dict[str, object]:
+    """Kept causal blocks over causal blocks: per (selecting) layer and KV head, mean over prompts;
+    per layer the mean over its heads; overall the mean over layers."""
+    per_head = {
+        layer: [statistics.mean(f[layer][h] for f in forwards) for h in range(len(heads))]
+        for layer, heads in forwards[0].items()
+    }
+    per_layer = {layer: statistics.mean(heads) for layer, heads in per_head.items()}
+    return dict(
+        density=statistics.mean(per_layer.values()), density_per_layer=per_layer, density_per_head=per_head
+    )
+
+
+SCORER_VALUES = {
+    "sampled": "MASS",
+    "pooled": "THRESHOLD",
+    "hybrid": "THRESHOLD,MASS",
+    "energy": "ALPHA",
+    "head-energy": "ALPHA",
+}
+SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "energy": "alpha", "head-energy": "alpha"}
 
 
 def parse_config(text: str) -> tuple[str, str]:
     scorer, _, value = text.partition(":")
-    if scorer not in ("sampled", "pooled", "hybrid") or not value:
-        raise argparse.ArgumentTypeError(
-            f"expected sampled:MASS, pooled:THRESHOLD or hybrid:THRESHOLD,MASS, got {text!r}"
-        )
+    if scorer not in SCORER_VALUES or not value:
+        expected = ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
+        raise argparse.ArgumentTypeError(f"expected one of {expected}, got {text!r}")
     return scorer, value
 
 
@@ -123,7 +151,7 @@ def knobs(scorer: str, value: str) -> dict[str, float]:
     if scorer == "hybrid":
         threshold, mass = value.split(",")
         return dict(threshold=float(threshold), mass=float(mass))
-    return {"mass" if scorer == "sampled" else "threshold": float(value)}
+    return {SINGLE_KNOB[scorer]: float(value)}
 
 
 def main() -> None:
@@ -134,7 +162,12 @@ def main() -> None:
     parser.add_argument(
         "--configs", type=parse_config, nargs="+",
         default=[(SparseSettings.scorer, f"{SparseSettings.threshold},{SparseSettings.mass}")],
-        help="scorer:value pairs: sampled:MASS (coverage), pooled:THRESHOLD or hybrid:THRESHOLD,MASS",
+        help="scorer:value pairs: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items()),
+    )  # fmt: skip
+    parser.add_argument(
+        "--mean-correction", choices=("off", "on", "both"), default="off",
+        help="skipped fully visible blocks enter the softmax as mean tokens (FlashPrefill V2); both: "
+        "every config with and without",
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
     parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)
@@ -151,7 +184,7 @@ def main() -> None:
         "attention over the kept blocks (isolates the selection from kernel rounding)",
     )
     parser.add_argument(
-        "--emulate", action="store_true", help="on cuda too: fp32 model, exact masked attention"
+        "--emulate", action="store_true", help="on cuda too: fp32 model, exact chunked attention"
     )
     a = parser.parse_args()
 
@@ -163,39 +196,45 @@ def main() -> None:
         a.model_dir, dtype=torch.float32 if emulate else torch.bfloat16, attn_implementation="sdpa"
     )
     model = model.to(a.device).eval()
+    dense_attention = "sdpa"
+    if emulate:
+        AttentionInterface.register("prefill_ext_exact", exact_attention)
+        dense_attention = "prefill_ext_exact"
     workspace = None if emulate else torch.empty(128 << 20, dtype=torch.uint8, device=a.device)
-    attentions = {}
+    corrections = {"off": [False], "on": [True], "both": [False, True]}[a.mean_correction]
+    attentions: dict[str, SparseAttention] = {}
     for scorer, value in a.configs:
-        settings = SparseSettings(
-            block_size=a.block_size,
-            scorer=scorer,
-            samples=a.samples,
-            local_blocks=a.local_blocks,
-            **knobs(scorer, value),
-        )
-        sparse = SparsePrefill(settings, None if emulate else BlockSparsePrefill(workspace))
-        attentions[scorer, value] = SparseAttention(
-            sparse, a.dense_layers, a.block_size, not a.shared, emulate
-        )
+        for mean_correction in corrections:
+            settings = SparseSettings(
+                block_size=a.block_size,
+                scorer=scorer,
+                samples=a.samples,
+                local_blocks=a.local_blocks,
+                mean_correction=mean_correction,
+                **knobs(scorer, value),
+            )
+            sparse = SparsePrefill(settings, None if emulate else BlockSparsePrefill(workspace))
+            name = f"{scorer}:{value}" + (" +mean" if mean_correction else "")
+            attentions[name] = SparseAttention(sparse, a.dense_layers, a.block_size, not a.shared, emulate)
     ids = corpus_ids(tokenizer, a.prompts * a.length)
-    per_config: dict[tuple[str, str], list[dict[str, float]]] = {c: [] for c in attentions}
+    per_config: dict[str, list[dict[str, float]]] = {c: [] for c in attentions}
     for i in range(a.prompts):
         tokens = torch.tensor([ids[i * a.length : (i + 1) * a.length]], device=a.device)
         with torch.no_grad():
-            model.set_attn_implementation("sdpa")
+            model.set_attn_implementation(dense_attention)
             dense = model(tokens).logits[0].float()
-            for n, (config, attention) in enumerate(attentions.items()):
+            for n, (name, attention) in enumerate(attentions.items()):
                 AttentionInterface.register(f"prefill_ext_sparse_{n}", attention)
                 model.set_attn_implementation(f"prefill_ext_sparse_{n}")
-                sparse_logits = model(tokens).logits[0].float()
-                per_config[config].append(compare_logits(dense, sparse_logits, attention.densities[-1]))
+                per_config[name].append(compare_logits(dense, model(tokens).logits[0].float()))
     summaries = []
-    for (scorer, value), rows in per_config.items():
+    for name, rows in per_config.items():
         summary = {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
         summary["kl_max"] = max(r["kl_max"] for r in rows)
-        summaries.append(dict(scorer=scorer, value=value, **summary))
+        summary.update(density_summary(attentions[name].densities))
+        summaries.append(dict(config=name, **summary))
         print(
-            f"{scorer} {value}: top-1 agreement {summary['top1']:.4f} (past {TAIL_FROM}: "
+            f"{name}: top-1 agreement {summary['top1']:.4f} (past {TAIL_FROM}: "
             f"{summary['top1_tail']:.4f}), mean KL {summary['kl']:.3g} (past {TAIL_FROM}: "
             f"{summary['kl_tail']:.3g}), max KL {summary['kl_max']:.3g}, density {summary['density']:.3f}",
             flush=True,
@@ -205,8 +244,8 @@ def main() -> None:
         block_size=a.block_size, samples=a.samples, local_blocks=a.local_blocks,
         selection="shared (first sparse layer)" if a.shared else "per layer", configs=summaries,
         device=(torch.cuda.get_device_name() if a.device == "cuda" else "cpu")
-        + (" (fp32, emulated sparse attention)" if emulate else " (bf16, FlashInfer block-sparse)"),
-        per_prompt={f"{sc}:{v}": rows for (sc, v), rows in per_config.items()},
+        + (" (fp32, emulated: exact chunked attention)" if emulate else " (bf16, FlashInfer block-sparse)"),
+        per_prompt=per_config,
     )  # fmt: skip
     if a.json:
         a.json.write_text(json.dumps(info, indent=1))

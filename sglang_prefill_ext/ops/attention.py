@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from .mean_correction import FLASHINFER_LSE_TO_NATURAL
 from .plan import PlanIndices, one_segment_indices
 
 
@@ -164,7 +165,22 @@ class BlockSparsePrefill:
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
         """q [N, Hq, D]; k/v_buffer: the layer's KV pool [T, Hkv, D]; returns [N, Hq, D]."""
-        head_dim = q.shape[-1]
-        pages = (k_buffer.view(-1, 1, 1, head_dim), v_buffer.view(-1, 1, 1, head_dim))
-        out = self._wrapper.run(to_head_major(q, self._num_kv_heads), pages)
+        out = self._wrapper.run(to_head_major(q, self._num_kv_heads), _pages(k_buffer, v_buffer))
         return to_token_major(out, self._num_kv_heads)
+
+    def run_with_lse(
+        self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`run`, plus each row's log-sum-exp of its scaled scores over the kept keys, natural log,
+        [N, Hq] fp32."""
+        out, lse = self._wrapper.run(
+            to_head_major(q, self._num_kv_heads), _pages(k_buffer, v_buffer), return_lse=True
+        )
+        lse = to_token_major(lse[..., None], self._num_kv_heads)[..., 0] * FLASHINFER_LSE_TO_NATURAL
+        return to_token_major(out, self._num_kv_heads), lse
+
+
+def _pages(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The KV pool [T, Hkv, D] as one-token, one-head pages [T*Hkv, 1, 1, D] (see plan.py)."""
+    head_dim = k_buffer.shape[-1]
+    return k_buffer.view(-1, 1, 1, head_dim), v_buffer.view(-1, 1, 1, head_dim)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-SCORERS = ("hybrid", "sampled", "pooled")
+SCORERS = ("hybrid", "sampled", "pooled", "energy", "head-energy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +18,13 @@ class SparseSettings:
     scorer picks it. Scorer "sampled": the block is among the fewest, largest blocks holding `mass` of
     the row's attention as estimated from `samples` exact query rows per block and head (sampled.py).
     Scorer "pooled": its pooled score reaches `threshold` x the row's best for some query head of the
-    KV head's group. Scorer "hybrid": either rule keeps it.
+    KV head's group. Scorer "hybrid": either rule keeps it. Scorer "energy": the block's energy (the
+    softmax weight of its mean key summed over the query block's rows and group heads, energy.py)
+    reaches `alpha` x the row's best; "head-energy": the same per query head, for any head of the group.
+
+    With `mean_correction`, every skipped key block a query block sees in full (before its diagonal)
+    still enters that block's softmax as one token, its mean key and mean value, with its score raised
+    by log(tokens in the block) (FlashPrefill V2): the skipped mass is approximated, not dropped.
     """
 
     block_size: int = 128
@@ -26,9 +32,11 @@ class SparseSettings:
     mass: float = 0.95
     samples: int = 2
     threshold: float = 0.003
+    alpha: float = 0.1
     sink_blocks: int = 1
     local_blocks: int = 4
     last_blocks: int = 1
+    mean_correction: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -41,6 +49,8 @@ class SparseSettings:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must lie in [0, 1], got {self.threshold}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
         if min(self.sink_blocks, self.local_blocks, self.last_blocks) < 0:
             raise ValueError("sink_blocks, local_blocks and last_blocks must be >= 0")
 

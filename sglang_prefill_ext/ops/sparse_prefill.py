@@ -1,9 +1,10 @@
 """One extend batch's sparse attention: select blocks, plan, run — per forward or per layer.
 
 `begin` takes the batch's layout and KV slots once per forward. `forward` of a layer scores that
-layer's queries against the context's keys (sampled rows, and/or pooled blocks), selects the kept
-blocks, plans FlashInfer and runs; with `replan=False` a later layer reuses the plan and only runs the attention (one selection
-and one plan per forward).
+layer's queries against the context's keys (sampled rows and/or pooled blocks, or block energies),
+selects the kept blocks, plans FlashInfer and runs (then adds the skipped blocks' mean tokens when
+the settings ask); with `replan=False` a later layer reuses the plan and only runs the attention (one
+selection and one plan per forward).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import torch
 
 from .attention import BlockSparsePrefill
+from .energy import block_energy, select_by_energy
 from .layout import BlockLayout
+from .mean_correction import block_means, mean_token_attention, merge_attention, skipped_visible
 from .plan import build_plan_indices
 from .pooling import key_segments, pool_keys, pool_queries
 from .sampled import SampleGeometry, block_mass, sample_geometry
@@ -46,6 +49,12 @@ class SparsePrefill:
         """Kept blocks [Hkv, R, C] from this layer's queries [N, Hq, D] and KV pool keys."""
         layout = self.layout
         scorer = self.settings.scorer
+        if scorer in ("energy", "head-energy"):
+            num_kv_heads = k_buffer.shape[1]
+            tile_heads = 1 if scorer == "head-energy" else q.shape[1] // num_kv_heads
+            k_mean = pool_keys(k_buffer, key_segments(layout, self._locs))
+            energy = block_energy(q, k_mean, layout, sm_scale, tile_heads)
+            return select_by_energy(energy, num_kv_heads, layout, self.settings)
         by_mass = None
         if scorer in ("sampled", "hybrid"):
             if self._geometry is None:
@@ -74,13 +83,16 @@ class SparsePrefill:
         self.mask = mask
         self.planned = True
 
-    def density(self, mask: torch.Tensor | None = None) -> float:
-        """Kept key blocks of `mask` (default: the last plan's) over the causally allowed ones (reads
-        back to the host)."""
+    def head_densities(self, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Per KV head, kept key blocks of `mask` (default: the last plan's) over the causally allowed
+        ones: [Hkv] fp32."""
         mask = self.mask if mask is None else mask
         assert mask is not None, "plan() first"
-        allowed = (self.layout.row_block.long() + 1).sum() * mask.shape[0]
-        return float(mask.sum() / allowed)
+        return mask.sum((1, 2)) / (self.layout.row_block.long() + 1).sum()
+
+    def density(self, mask: torch.Tensor | None = None) -> float:
+        """The mean of `head_densities` (reads back to the host)."""
+        return float(self.head_densities(mask).mean())
 
     def select_and_plan(
         self,
@@ -111,4 +123,30 @@ class SparsePrefill:
         """Attention of q [N, Hq, D] over the batch's context in the KV pool; [N, Hq, D]."""
         if replan or not self.planned:
             self.select_and_plan(q, k_buffer, sm_scale, logits_soft_cap)
-        return self.attention.run(q, k_buffer, v_buffer)
+        return self.run(q, k_buffer, v_buffer, sm_scale)
+
+    def run(
+        self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, sm_scale: float
+    ) -> torch.Tensor:
+        """The planned attention of q [N, Hq, D], mean-corrected when the settings ask; [N, Hq, D]."""
+        if not self.settings.mean_correction:
+            return self.attention.run(q, k_buffer, v_buffer)
+        out, lse = self.attention.run_with_lse(q, k_buffer, v_buffer)
+        return self.mean_correct(q, k_buffer, v_buffer, out, lse, sm_scale).to(q.dtype)
+
+    def mean_correct(
+        self,
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        sm_scale: float,
+    ) -> torch.Tensor:
+        """Merge the kept blocks' attention (out [N, Hq, D], natural lse [N, Hq]) with the mean tokens
+        of the blocks the last plan's mask skips (mean_correction.py); [N, Hq, D] fp32."""
+        assert self.mask is not None, "plan() first"
+        k_mean, v_mean = block_means(k_buffer, v_buffer, self.layout, self._locs)
+        skipped = skipped_visible(self.mask, self.layout)
+        out_m, lse_m = mean_token_attention(q, k_mean, v_mean, skipped, self.layout, sm_scale)
+        return merge_attention(out.float(), lse, out_m, lse_m)

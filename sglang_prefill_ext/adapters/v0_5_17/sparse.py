@@ -48,9 +48,11 @@ def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
         mass=config.sparse_mass,
         samples=config.sparse_samples,
         threshold=config.sparse_threshold,
+        alpha=config.sparse_alpha,
         sink_blocks=config.sparse_sink_blocks,
         local_blocks=config.sparse_local_blocks,
         last_blocks=config.sparse_last_blocks,
+        mean_correction=config.sparse_mean_correction,
     )
 
 
@@ -112,4 +114,4 @@ class SparseExtend(ExtendPath):
                 )
             if not planned:
                 return None
-        return self.sparse.attention.run(q, k_buffer, v_buffer)
+        return self.sparse.run(q, k_buffer, v_buffer, layer.scaling)
