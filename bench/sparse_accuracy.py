@@ -133,10 +133,8 @@ SCORER_VALUES = {
     "sampled": "MASS",
     "pooled": "THRESHOLD",
     "hybrid": "THRESHOLD,MASS",
-    "energy": "ALPHA",
-    "head-energy": "ALPHA",
 }
-SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "energy": "alpha", "head-energy": "alpha"}
+SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold"}
 
 
 def parse_config(text: str) -> tuple[str, str]:

@@ -58,9 +58,7 @@ class PrefillExtConfig:
         "How key blocks are chosen: 'pooled' (mean query . mean key per block pair against "
         "--prefill-ext-sparse-threshold), 'sampled' (a few exact query rows per query block and head attend "
         "over all keys; blocks are kept, largest first, until they hold --prefill-ext-sparse-mass of the "
-        "row's attention: finds single-token needles a block mean dilutes), 'hybrid' (either keeps it) or "
-        "'energy' (FlashPrefill V2's block energy, a KV head's query heads in one tile, against "
-        "--prefill-ext-sparse-alpha) or 'head-energy' (FlashPrefill's: one tile per query head).",
+        "row's attention: finds single-token needles a block mean dilutes), 'hybrid' (either keeps it).",
         SCORERS,
     )
     sparse_mass: float = _option(
@@ -76,12 +74,6 @@ class PrefillExtConfig:
         SPARSE.threshold,
         "Pooled scorer: keep a key block when its estimated attention weight (from pooled Q/K) is at least "
         "this fraction of the row's best block, for any query head of the KV head's group; 0 keeps every block.",
-    )
-    sparse_alpha: float = _option(
-        SPARSE.alpha,
-        "Energy scorers: keep a key block whose energy (the softmax weight of its mean key, summed over a "
-        "tile: the query block's rows and its KV head's query heads, or one query head) reaches this "
-        "fraction of the tile's best.",
     )
     sparse_min_len: int = _option(
         32768,

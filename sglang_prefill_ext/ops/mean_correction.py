@@ -21,7 +21,7 @@ import triton.language as tl
 from .dispatch import triton_enabled
 from .layout import BlockLayout
 from .pooling import key_segments, segment_mean
-from .tiles import packed_tile_scores, tile_scores, visible_blocks
+from .tiles import tile_scores, visible_blocks
 
 # FlashInfer's kernels return log2(sum 2^(score * log2 e)) (fa2 prefill.cuh and fa3 attention_updater.cuh)
 FLASHINFER_LSE_TO_NATURAL = math.log(2.0)
@@ -74,46 +74,33 @@ def _mean_token_kernel(
     dims = tl.arange(0, HEAD_DIM)
     for p0 in range(0, num_packed, BLOCK_M):
         packed = p0 + tl.arange(0, BLOCK_M)
+        p_live = packed < num_packed
+        q_rows = (q_start + packed // group).to(tl.int64) * num_qo_heads + head * group + packed % group
+        q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + dims[None, :], mask=p_live[:, None], other=0.0)
+        q = q.to(tl.float32) * sm_scale
         run_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         for c0 in range(0, diag, BLOCK_C):
             cols = c0 + tl.arange(0, BLOCK_C)
-            s = packed_tile_scores(
-                q_ptr,
-                kmean_ptr,
-                q_start,
-                packed,
-                num_packed,
-                cols,
-                diag,
-                key_offset,
-                head * group,
-                group,
-                head,
-                num_qo_heads,
-                num_kv_heads,
-                sm_scale,
-                HEAD_DIM,
-            )
             live = cols < diag
+            k_rows = (key_offset + cols).to(tl.int64) * num_kv_heads + head
+            k = tl.load(kmean_ptr + k_rows[:, None] * HEAD_DIM + dims[None, :], mask=live[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
             skip = tl.load(skipped_row + cols, mask=live, other=0) != 0
             count = tl.load(key_len_ptr + key_offset + cols, mask=live, other=1).to(tl.float32)
-            s = tl.where(skip[None, :], s + tl.log(count)[None, :], float("-inf"))
+            s = tl.where(p_live[:, None] & skip[None, :], s + tl.log(count)[None, :], float("-inf"))
             new_max = tl.maximum(run_max, tl.max(s, axis=1))
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)
             p = tl.exp(s - shift[:, None])
             rescale = tl.exp(run_max - shift)
-            v_rows = (key_offset + cols).to(tl.int64) * num_kv_heads + head
-            v = tl.load(vmean_ptr + v_rows[:, None] * HEAD_DIM + dims[None, :], mask=live[:, None], other=0.0)
+            v = tl.load(vmean_ptr + k_rows[:, None] * HEAD_DIM + dims[None, :], mask=live[:, None], other=0.0)
             acc = acc * rescale[:, None] + tl.dot(p, v, input_precision="tf32x3")
             total = total * rescale + tl.sum(p, axis=1)
             run_max = new_max
         some = total > 0
         out = acc / tl.where(some, total, 1.0)[:, None]
         lse = tl.where(some, run_max + tl.log(tl.where(some, total, 1.0)), float("-inf"))
-        q_rows = (q_start + packed // group).to(tl.int64) * num_qo_heads + head * group + packed % group
-        p_live = packed < num_packed
         tl.store(out_ptr + q_rows[:, None] * HEAD_DIM + dims[None, :], out, mask=p_live[:, None])
         tl.store(lse_ptr + q_rows, lse, mask=p_live)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-SCORERS = ("hybrid", "sampled", "pooled", "energy", "head-energy")
+SCORERS = ("hybrid", "sampled", "pooled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,9 +18,7 @@ class SparseSettings:
     scorer picks it. Scorer "sampled": the block is among the fewest, largest blocks holding `mass` of
     the row's attention as estimated from `samples` exact query rows per block and head (sampled.py).
     Scorer "pooled": its pooled score reaches `threshold` x the row's best for some query head of the
-    KV head's group. Scorer "hybrid": either rule keeps it. Scorer "energy": the block's energy (the
-    softmax weight of its mean key summed over the query block's rows and group heads, energy.py)
-    reaches `alpha` x the row's best; "head-energy": the same per query head, for any head of the group.
+    KV head's group. Scorer "hybrid": either rule keeps it.
 
     With `mean_correction`, every skipped key block a query block sees in full (before its diagonal)
     still enters that block's softmax as one token, its mean key and mean value, with its score raised
@@ -32,7 +30,6 @@ class SparseSettings:
     mass: float = 0.95
     samples: int = 2
     threshold: float = 0.003
-    alpha: float = 0.1
     sink_blocks: int = 1
     local_blocks: int = 4
     last_blocks: int = 1
@@ -49,8 +46,6 @@ class SparseSettings:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must lie in [0, 1], got {self.threshold}")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
         if min(self.sink_blocks, self.local_blocks, self.last_blocks) < 0:
             raise ValueError("sink_blocks, local_blocks and last_blocks must be >= 0")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from .attention import BlockSparsePrefill
-from .energy import block_energy, select_by_energy
 from .layout import BlockLayout
 from .mean_correction import block_means, mean_token_attention, merge_attention, skipped_visible
 from .plan import build_plan_indices
@@ -49,12 +48,6 @@ class SparsePrefill:
         """Kept blocks [Hkv, R, C] from this layer's queries [N, Hq, D] and KV pool keys."""
         layout = self.layout
         scorer = self.settings.scorer
-        if scorer in ("energy", "head-energy"):
-            num_kv_heads = k_buffer.shape[1]
-            tile_heads = 1 if scorer == "head-energy" else q.shape[1] // num_kv_heads
-            k_mean = pool_keys(k_buffer, key_segments(layout, self._locs))
-            energy = block_energy(q, k_mean, layout, sm_scale, tile_heads)
-            return select_by_energy(energy, num_kv_heads, layout, self.settings)
         by_mass = None
         if scorer in ("sampled", "hybrid"):
             if self._geometry is None:

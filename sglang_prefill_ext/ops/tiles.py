@@ -1,9 +1,7 @@
 """Query tiles against per-block summaries: every query of a row block, every query head, scored
 against one vector per key block of its request (block means), a few row blocks at a time (torch).
 
-Shared by the mean correction (mean tokens) and the energy scorer (block energies): the torch
-generator `tile_scores`, and `packed_tile_scores` for their Triton kernels (rows of a tile: its
-queries x `tile_heads` consecutive query heads, packed).
+The torch side of the mean correction's mean tokens (its Triton kernel computes the same scores).
 """
 
 from __future__ import annotations
@@ -12,8 +10,6 @@ import dataclasses
 from collections.abc import Iterator
 
 import torch
-import triton
-import triton.language as tl
 
 from .layout import BlockLayout
 
@@ -60,34 +56,3 @@ def tile_scores(
         qg = q[tokens].float().view(len(rows), block, num_kv_heads, -1, head_dim)
         s = torch.einsum("rbhgd,rchd->rhgbc", qg * sm_scale, summaries[keys])
         yield TileScores(rows, s, tokens, live, keys)
-
-
-@triton.jit
-def packed_tile_scores(
-    q_ptr,
-    kmean_ptr,
-    q_start,
-    packed,
-    num_packed,
-    cols,
-    diag,
-    key_offset,
-    first_head,
-    tile_heads,
-    kv_head,
-    num_qo_heads,
-    num_kv_heads,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-):
-    """Scaled scores [BLOCK_M, BLOCK_C] of packed rows (query, one of the tile's heads) against block
-    means `cols`; -inf outside the tile's rows and fully visible blocks."""
-    dims = tl.arange(0, HEAD_DIM)
-    p_live = packed < num_packed
-    q_rows = (q_start + packed // tile_heads).to(tl.int64) * num_qo_heads + first_head + packed % tile_heads
-    q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + dims[None, :], mask=p_live[:, None], other=0.0)
-    c_live = cols < diag
-    k_rows = (key_offset + cols).to(tl.int64) * num_kv_heads + kv_head
-    k = tl.load(kmean_ptr + k_rows[:, None] * HEAD_DIM + dims[None, :], mask=c_live[:, None], other=0.0)
-    s = tl.dot(q.to(tl.float32) * sm_scale, tl.trans(k), input_precision="tf32x3")
-    return tl.where(p_live[:, None] & c_live[None, :], s, float("-inf"))

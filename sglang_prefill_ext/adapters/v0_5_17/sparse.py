@@ -48,7 +48,6 @@ def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
         mass=config.sparse_mass,
         samples=config.sparse_samples,
         threshold=config.sparse_threshold,
-        alpha=config.sparse_alpha,
         sink_blocks=config.sparse_sink_blocks,
         local_blocks=config.sparse_local_blocks,
         last_blocks=config.sparse_last_blocks,
