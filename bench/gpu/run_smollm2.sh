@@ -8,15 +8,21 @@
 #  3. greedy identity: for each of VARIANTS, set the patch state (stock: reverted; off: patched, flag
 #     off; ext*: patched with EXT_ARGS_<name>), start the server with identical SERVER_ARGS, run
 #     bench/greedy_check.py (50 prompts: chunked, cache hits, partial hits, a burst), stop it; then
-#     compare every variant's outputs with the first's.
-# Results in $OUT: greedy-<variant>.jsonl, greedy-compare.txt/.json, accuracy.json/.log, env.txt, and
-# smollm2-logs.tar.gz (server logs, patch CLI output).
+#     compare every variant's outputs with the first's; or, with CHECK=passkey, bench/passkey.py
+#     $PASSKEY_ARGS (keys planted in real text at five depths, greedy answers, TTFT per prompt) and
+#     compare every variant's recall with the first's (dense) — e.g. the issue-15 end-to-end run:
+#       YARN_FACTOR=8 CHECK=passkey ACCURACY=0 VARIANTS="stock ext_sparse" \
+#       EXT_ARGS_ext_sparse="--enable-prefill-ext --prefill-ext-sparse" \
+#       SERVER_ARGS="--context-length 65536 --mem-fraction-static 0.5" bash bench/gpu/run_smollm2.sh
+# Results in $OUT: greedy-<variant>.jsonl (or passkey-), greedy-compare.txt/.json, accuracy.json/.log,
+# env.txt, and smollm2-logs.tar.gz (server logs with the sparse density per forward, patch CLI output).
 #
 # Environment [defaults]: VARIANTS ["off ext stock"]; EXT_ARGS_ext [--enable-prefill-ext] (any ext*
 #   variant takes EXT_ARGS_<name>); ATTENTION_BACKEND [empty: the server's default, fa3 on Hopper;
 #   e.g. flashinfer]; SERVER_ARGS [chunked prefill 1024, mem 0.3, context 8192, plus
 #   --attention-backend $ATTENTION_BACKEND when set]; ACCURACY=0 skips step 2; BUDGET_S [540]; HF,
-#   PARTS, OUT, PORT. env.txt records the attention backend each variant's server resolved.
+#   PARTS, OUT, PORT; YARN_FACTOR [empty; 4, 8, 16: serve and score the YaRN-extended checkpoint built by
+#   convert_smollm2.py yarn]; CHECK [greedy; passkey]; PASSKEY_ARGS [--length 65536]. env.txt records the attention backend each variant's server resolved.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -37,6 +43,9 @@ ATTENTION_BACKEND=${ATTENTION_BACKEND:-}
 SERVER_ARGS=${SERVER_ARGS:---chunked-prefill-size 1024 --mem-fraction-static 0.3 --context-length 8192${ATTENTION_BACKEND:+ --attention-backend $ATTENTION_BACKEND}}
 ACCURACY=${ACCURACY:-1}
 ACCURACY_ARGS=${ACCURACY_ARGS:-}
+YARN_FACTOR=${YARN_FACTOR:-}
+CHECK=${CHECK:-greedy}
+PASSKEY_ARGS=${PASSKEY_ARGS:---length 65536}
 WORK=$(mktemp -d /tmp/smollm2-XXXXXX)
 mkdir -p "$OUT"
 
@@ -64,13 +73,19 @@ if [ ! -f "$HF/config.json" ]; then
     --out "$HF" || exit 2
 fi
 
+if [ -n "$YARN_FACTOR" ]; then
+  MODEL=/tmp/smollm2-yarn$YARN_FACTOR
+  [ -f "$MODEL/config.json" ] \
+    || $PY scripts/models/convert_smollm2.py yarn --model-dir "$HF" --factor "$YARN_FACTOR" --out "$MODEL" || exit 2
+fi
+
 if [ "$ACCURACY" = 1 ]; then
   IFS=';' read -r -a accuracy_runs <<<"${ACCURACY_RUNS:-accuracy:$ACCURACY_ARGS}"
   for run in "${accuracy_runs[@]}"; do
     name=$(echo "${run%%:*}" | tr -d ' ')
     log "sparse accuracy run $name: ${run#*:}"
     # shellcheck disable=SC2086  # the run's arguments are a list
-    timeout "$(left)" $PY bench/sparse_accuracy.py --model-dir "$HF" --json "$OUT/$name.json" ${run#*:} 2>&1 \
+    timeout "$(left)" $PY bench/sparse_accuracy.py --model-dir "$MODEL" --json "$OUT/$name.json" ${run#*:} 2>&1 \
       | grep -v Warning | tee "$OUT/$name.log"
   done
 fi
@@ -85,13 +100,20 @@ for v in $VARIANTS; do
   if ! start_server "$WORK/server-$v.log" $SERVER_ARGS "${extra[@]}"; then continue; fi
   echo "$v: $(grep -m1 -o "attention_backend='[^']*'" "$WORK/server-$v.log" || echo "attention_backend: not logged")" \
     | tee -a "$OUT/env.txt"
-  $PY bench/greedy_check.py run --url "$URL" --model-dir "$HF" --label "$v" --out "$OUT/greedy-$v.jsonl" \
-    && files+=("$OUT/greedy-$v.jsonl")
+  if [ "$CHECK" = passkey ]; then
+    # shellcheck disable=SC2086  # PASSKEY_ARGS is a flag list
+    $PY bench/passkey.py run --url "$URL" --model-dir "$MODEL" --label "$v" --out "$OUT/passkey-$v.jsonl" \
+      $PASSKEY_ARGS && files+=("$OUT/passkey-$v.jsonl")
+  else
+    $PY bench/greedy_check.py run --url "$URL" --model-dir "$HF" --label "$v" --out "$OUT/greedy-$v.jsonl" \
+      && files+=("$OUT/greedy-$v.jsonl")
+  fi
   stop_server
 done
 if patch_cli status 2>/dev/null | grep -q ": applied"; then patch_cli revert >>"$WORK/patch-cli.log" 2>&1 || true; fi
 if [ ${#files[@]} -gt 1 ]; then
-  $PY bench/greedy_check.py compare "${files[@]}" --json "$OUT/greedy-compare.json" | tee "$OUT/greedy-compare.txt"
+  $PY "bench/${CHECK/greedy/greedy_check}.py" compare "${files[@]}" --json "$OUT/$CHECK-compare.json" \
+    | tee "$OUT/$CHECK-compare.txt"
 fi
 
 tar -C "$WORK" -czf "$OUT/smollm2-logs.tar.gz" .

@@ -1,0 +1,140 @@
+"""Passkey retrieval through a running SGLang server: does sparse prefill still find a needle in real text?
+
+    python bench/passkey.py run --url URL --model-dir DIR --length 65536 --label dense --out dense.jsonl \
+        [--depths 0.05 0.25 0.5 0.75 0.95] [--keys 2]
+    python bench/passkey.py compare dense.jsonl sparse.jsonl [--json PATH]
+
+`run` plants a random five-digit pass key (a fixed seed per prompt) in real text (`real_text.py`) at each
+depth (fraction of the prompt before it), ends the prompt with the question, and asks the server for 8
+greedy tokens, one prompt at a time (so every prompt is a fresh prefill of `--length` tokens). An answer
+is right when the key's digits appear in its decoded text; each row also has its TTFT. `compare` reports each file's recall and
+whether every later file (sparse) answers every prompt the first (dense) answers (exit 1 if not): the
+dense model's own recall is its ceiling, not 100 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from real_text import corpus_ids
+from ttft_bench import Client, Record
+
+NEW_TOKENS = 8
+NEEDLE = "\nThe pass key is {key}. Remember it. {key} is the pass key.\n"
+QUESTION = "\nWhat is the pass key? The pass key is"
+
+
+def build_prompt(
+    text_ids: list[int], encode: Callable[[str], list[int]], length: int, depth: float, key: str
+) -> list[int]:
+    """`length` token ids: real text with the needle after `depth` of it, then the question."""
+    needle, question = encode(NEEDLE.format(key=key)), encode(QUESTION)
+    body = length - len(needle) - len(question)
+    if body <= 0 or len(text_ids) < body:
+        raise ValueError(f"passkey: {len(text_ids)} text tokens cannot fill a {length}-token prompt")
+    cut = round(body * depth)
+    return text_ids[:cut] + needle + text_ids[cut:body] + question
+
+
+def prompt_keys(depths: list[float], keys: int) -> list[tuple[float, str]]:
+    rng = random.Random(0)
+    return [(depth, f"{rng.randrange(10_000, 100_000)}") for depth in depths for _ in range(keys)]
+
+
+async def run_prompts(url: str, label: str, prompts: list[list[int]]) -> list[Record]:
+    async with Client(url, label, None, progress=False) as client:
+        done = []
+        for i, ids in enumerate(prompts):
+            rec = await client.generate(
+                ids, workload="passkey", group="passkey", idx=i, t0=0.0, max_new_tokens=NEW_TOKENS
+            )
+            done.append(rec)
+        return done
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(a.model_dir)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    text = corpus_ids(tokenizer, a.length)
+    cases = prompt_keys(a.depths, a.keys)
+    prompts = [build_prompt(text, encode, a.length, depth, key) for depth, key in cases]
+    answers = asyncio.run(run_prompts(a.url, a.label, prompts))
+    right = 0
+    with open(a.out, "w") as f:
+        for i, ((depth, key), rec) in enumerate(zip(cases, answers, strict=True)):
+            answer = tokenizer.decode(rec.output_ids)
+            ok = rec.error is None and key in answer
+            right += ok
+            row = dict(
+                idx=i,
+                depth=depth,
+                key=key,
+                length=a.length,
+                answer=answer,
+                right=ok,
+                ttft_s=rec.ttft_s,
+                error=rec.error,
+            )
+            f.write(json.dumps(row) + "\n")
+    print(f"[{a.label}] passkey at {a.length} tokens: {right}/{len(cases)} right -> {a.out}")
+    return 0
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    runs = {path: [json.loads(line) for line in Path(path).read_text().splitlines()] for path in a.files}
+    first, *others = a.files
+    summary: dict[str, object] = {}
+    failed = False
+    for path, rows in runs.items():
+        by_depth: dict[float, list[bool]] = {}
+        for row in rows:
+            by_depth.setdefault(row["depth"], []).append(row["right"])
+        missed = [
+            row["idx"]
+            for row, ref in zip(rows, runs[first], strict=True)
+            if ref["right"] and not row["right"]
+        ]
+        failed |= path in others and bool(missed)
+        recall = sum(row["right"] for row in rows) / len(rows)
+        summary[path] = dict(
+            recall=recall, by_depth={d: sum(v) / len(v) for d, v in by_depth.items()}, missed=missed
+        )
+        note = "" if path == first else f"; misses {len(missed)} that {first} answers {missed}"
+        depths = " ".join(f"{d:g}: {sum(v)}/{len(v)}" for d, v in sorted(by_depth.items()))
+        print(f"{path}: recall {recall:.2f} ({depths}){note}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(summary, indent=1))
+    return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--url", required=True)
+    r.add_argument("--model-dir", required=True)
+    r.add_argument("--length", type=int, required=True)
+    r.add_argument("--depths", type=float, nargs="+", default=[0.05, 0.25, 0.5, 0.75, 0.95])
+    r.add_argument("--keys", type=int, default=2, help="prompts (distinct keys) per depth")
+    r.add_argument("--label", required=True)
+    r.add_argument("--out", required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("files", nargs="+")
+    c.add_argument("--json")
+    a = parser.parse_args()
+    return cmd_run(a) if a.cmd == "run" else cmd_compare(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
