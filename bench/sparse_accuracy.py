@@ -16,6 +16,9 @@ correction) differs from dense. Reports, over every position and over the positi
 1,024: top-1 agreement of the next-token argmax, mean KL(dense || sparse) of the next-token
 distributions, and the kept-block density (kept causal blocks over causal blocks: mean over the
 selecting layers; the JSON has it per layer and per KV head), for every scorer:value setting given.
+`oracle:MASS` (with --emulate) keeps, per KV head and query block, the fewest blocks holding MASS of the
+layer's exact attention (plus sinks, local window, last rows): what a perfect scorer would keep, a bound
+on any selection at that density.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import torch.nn.functional as F
 from real_text import corpus_ids
 
 from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
-from sglang_prefill_ext.ops.reference import block_sparse_attention
+from sglang_prefill_ext.ops.reference import block_mass, block_sparse_attention
+from sglang_prefill_ext.ops.scoring import select_by_mass
 
 TAIL_FROM = 1024
 
@@ -56,9 +60,16 @@ class SparseAttention:
     """
 
     def __init__(
-        self, sparse: SparsePrefill, dense_layers: int, block_size: int, per_layer: bool, emulate: bool
+        self,
+        sparse: SparsePrefill,
+        dense_layers: int,
+        block_size: int,
+        per_layer: bool,
+        emulate: bool,
+        oracle: bool = False,
     ):
         self.sparse = sparse
+        self.oracle = oracle
         self.dense_layers = dense_layers
         self.block_size = block_size
         self.per_layer = per_layer
@@ -92,7 +103,10 @@ class SparseAttention:
     def _emulate(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, select: bool
     ) -> torch.Tensor:
-        if select:
+        if select and self.oracle:
+            mass = block_mass(q, k, scaling, self.block_size)
+            self.sparse.mask = select_by_mass(mass, self.sparse.layout, self.sparse.settings)
+        elif select:
             self.sparse.mask = self.sparse.select(q, k, scaling)
         out, lse = block_sparse_attention(q, k, v, scaling, self.sparse.mask, self.block_size)
         if self.sparse.settings.mean_correction:
@@ -133,8 +147,9 @@ SCORER_VALUES = {
     "sampled": "MASS",
     "pooled": "THRESHOLD",
     "hybrid": "THRESHOLD,MASS",
+    "oracle": "MASS",  # --emulate only: the fewest blocks holding MASS of the exact attention (a bound)
 }
-SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold"}
+SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "oracle": "mass"}
 
 
 def parse_config(text: str) -> tuple[str, str]:
@@ -203,9 +218,11 @@ def main() -> None:
     attentions: dict[str, SparseAttention] = {}
     for scorer, value in a.configs:
         for mean_correction in corrections:
+            if scorer == "oracle" and not emulate:
+                parser.error("oracle:MASS needs --emulate (it reads the exact attention)")
             settings = SparseSettings(
                 block_size=a.block_size,
-                scorer=scorer,
+                scorer="sampled" if scorer == "oracle" else scorer,
                 samples=a.samples,
                 local_blocks=a.local_blocks,
                 mean_correction=mean_correction,
@@ -213,7 +230,9 @@ def main() -> None:
             )
             sparse = SparsePrefill(settings, None if emulate else BlockSparsePrefill(workspace))
             name = f"{scorer}:{value}" + (" +mean" if mean_correction else "")
-            attentions[name] = SparseAttention(sparse, a.dense_layers, a.block_size, not a.shared, emulate)
+            attentions[name] = SparseAttention(
+                sparse, a.dense_layers, a.block_size, not a.shared, emulate, oracle=scorer == "oracle"
+            )
     ids = corpus_ids(tokenizer, a.prompts * a.length)
     per_config: dict[str, list[dict[str, float]]] = {c: [] for c in attentions}
     for i in range(a.prompts):

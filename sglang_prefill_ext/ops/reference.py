@@ -7,7 +7,29 @@ query i and key i are both position i, and blocks are `block_size` positions fro
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
+
+
+def _causal_scores(
+    q: torch.Tensor, k: torch.Tensor, sm_scale: float, keep: torch.Tensor | None, block_size: int, chunk: int
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(start, end, scaled scores [Hkv, G, end - start, end]) of each chunk of query rows over the keys
+    it may see (causal, and in a block `keep` keeps), -inf elsewhere; fp32."""
+    length, num_qo_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_qo_heads // num_kv_heads
+    keys = k.float().transpose(0, 1)[:, None]  # [Hkv, 1, L, D]
+    pos = torch.arange(length, device=q.device)
+    for start in range(0, length, chunk):
+        end = min(start + chunk, length)
+        rows = q[start:end].float().view(end - start, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        s = torch.matmul(rows * sm_scale, keys[:, :, :end].transpose(-1, -2))  # [Hkv, G, n, end]
+        allowed = (pos[None, :end] <= pos[start:end, None])[None]  # [1, n, end]
+        if keep is not None:
+            allowed = allowed & keep[:, pos[start:end] // block_size][:, :, pos[:end] // block_size]
+        yield start, end, s.masked_fill(~allowed[:, None], float("-inf"))
 
 
 def block_sparse_attention(
@@ -23,23 +45,30 @@ def block_sparse_attention(
     [Hkv, R, C] keeps (None: every causal key). Returns out [L, Hq, D] and the natural log-sum-exp of
     the scaled scores [L, Hq], both fp32. Peak memory ~ Hq x `chunk` x L floats."""
     length, num_qo_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    group = num_qo_heads // num_kv_heads
-    keys = k.float().transpose(0, 1)[:, None]  # [Hkv, 1, L, D]
     values = v.float().transpose(0, 1)[:, None]
-    pos = torch.arange(length, device=q.device)
     out = torch.empty(length, num_qo_heads, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(length, num_qo_heads, dtype=torch.float32, device=q.device)
-    for start in range(0, length, chunk):
-        end = min(start + chunk, length)
-        rows = q[start:end].float().view(end - start, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
-        s = torch.matmul(rows * sm_scale, keys[:, :, :end].transpose(-1, -2))  # [Hkv, G, n, end]
-        allowed = (pos[None, :end] <= pos[start:end, None])[None]  # [1, n, end]
-        if keep is not None:
-            allowed = allowed & keep[:, pos[start:end] // block_size][:, :, pos[:end] // block_size]
-        s = s.masked_fill(~allowed[:, None], float("-inf"))
+    for start, end, s in _causal_scores(q, k, sm_scale, keep, block_size, chunk):
         chunk_lse = torch.logsumexp(s, -1)
         o = torch.matmul(torch.exp(s - chunk_lse[..., None]), values[:, :, :end])  # [Hkv, G, n, D]
         out[start:end] = o.permute(2, 0, 1, 3).reshape(end - start, num_qo_heads, head_dim)
         lse[start:end] = chunk_lse.permute(2, 0, 1).reshape(end - start, num_qo_heads)
     return out, lse
+
+
+def block_mass(
+    q: torch.Tensor, k: torch.Tensor, sm_scale: float, block_size: int = 128, chunk: int = 1024
+) -> torch.Tensor:
+    """The exact causal attention each (query block, key block) pair holds, summed over the block's
+    queries and a KV head's query heads: fp32 [Hkv, R, C] (each row sums to rows x group). What an
+    oracle selection ranks blocks by; `chunk` a multiple of `block_size`."""
+    length = q.shape[0]
+    num_blocks = -(-length // block_size)
+    mass = torch.zeros(k.shape[1], num_blocks, num_blocks, dtype=torch.float32, device=q.device)
+    for start, end, s in _causal_scores(q, k, sm_scale, None, block_size, chunk):
+        p = torch.softmax(s, -1).sum(1)  # [Hkv, n, end]
+        cols = torch.arange(end, device=q.device) // block_size
+        by_key = torch.zeros(*p.shape[:2], num_blocks, device=q.device).index_add_(-1, cols, p)
+        rows = torch.arange(start, end, device=q.device) // block_size
+        mass.index_add_(1, rows, by_key)
+    return mass

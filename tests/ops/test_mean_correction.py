@@ -14,7 +14,7 @@ from sglang_prefill_ext.ops.mean_correction import (
     mean_token_attention_triton,
     skipped_visible,
 )
-from sglang_prefill_ext.ops.reference import block_sparse_attention
+from sglang_prefill_ext.ops.reference import block_mass, block_sparse_attention
 
 BLOCK = 32
 
@@ -35,6 +35,22 @@ def test_chunked_dense_attention_equals_sdpa(heads: tuple[int, int], length: int
     s = torch.einsum("nhd,lhd->hnl", q, k.repeat_interleave(heads[0] // heads[1], 1)) * 16**-0.5
     s = s.masked_fill(torch.ones(length, length).triu(1).bool(), float("-inf"))
     torch.testing.assert_close(lse, torch.logsumexp(s, -1).T, atol=1e-5, rtol=1e-5)
+
+
+def test_block_mass_sums_the_exact_attention_by_block() -> None:
+    length, heads = 200, (6, 2)
+    q = torch.randn(length, heads[0], 16)
+    k = torch.randn(length, heads[1], 16)
+    mass = block_mass(q, k, 16**-0.5, BLOCK, chunk=64)
+    s = torch.einsum("nhd,lhd->hnl", q, k.repeat_interleave(3, 1)) * 16**-0.5
+    p = s.masked_fill(torch.ones(length, length).triu(1).bool(), float("-inf")).softmax(-1)
+    blocks = torch.arange(length) // BLOCK
+    want = torch.zeros(heads[1], 7, 7)
+    for h in range(heads[0]):
+        for i in range(length):
+            want[h // 3, blocks[i]].index_add_(0, blocks, p[h, i])
+    torch.testing.assert_close(mass, want, atol=1e-5, rtol=1e-5)
+    assert torch.all(mass.triu(1) == 0)
 
 
 def test_chunked_sparse_attention_equals_masked_attention() -> None:
