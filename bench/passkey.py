@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from greedy_check import run_and_compare
 from real_text import corpus_ids
 from ttft_bench import Client, Record
 
@@ -118,22 +119,14 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def run_args(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--length", type=int, required=True)
+    run.add_argument("--depths", type=float, nargs="+", default=[0.05, 0.25, 0.5, 0.75, 0.95])
+    run.add_argument("--keys", type=int, default=2, help="prompts (distinct keys) per depth")
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--url", required=True)
-    r.add_argument("--model-dir", required=True)
-    r.add_argument("--length", type=int, required=True)
-    r.add_argument("--depths", type=float, nargs="+", default=[0.05, 0.25, 0.5, 0.75, 0.95])
-    r.add_argument("--keys", type=int, default=2, help="prompts (distinct keys) per depth")
-    r.add_argument("--label", required=True)
-    r.add_argument("--out", required=True)
-    c = sub.add_parser("compare")
-    c.add_argument("files", nargs="+")
-    c.add_argument("--json")
-    a = parser.parse_args()
-    return cmd_run(a) if a.cmd == "run" else cmd_compare(a)
+    return run_and_compare(__doc__, cmd_run, cmd_compare, run_args)
 
 
 if __name__ == "__main__":
