@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import math
 import warnings
 
 import torch
 
-from .mean_correction import FLASHINFER_LSE_TO_NATURAL
 from .plan import PlanIndices, one_segment_indices
 
 
@@ -31,6 +31,9 @@ def to_token_major(o: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     n = rows // num_kv_heads
     return o.view(num_kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, num_kv_heads * group, head_dim)
 
+
+# FlashInfer's kernels return log2(sum 2^(score * log2 e)) (fa2 prefill.cuh and fa3 attention_updater.cuh)
+FLASHINFER_LSE_TO_NATURAL = math.log(2.0)
 
 # The FlashInfer whose private wrapper fields and planner argument lists `_plan_direct` writes (the
 # version SGLang 0.5.17 pins and the GPU numbers were measured with); newer ones change them.

@@ -12,8 +12,6 @@ queries x group heads packed as rows, online softmax over the block means) or th
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -22,9 +20,6 @@ from .dispatch import triton_enabled
 from .layout import BlockLayout
 from .pooling import key_segments, segment_mean
 from .tiles import tile_scores, visible_blocks
-
-# FlashInfer's kernels return log2(sum 2^(score * log2 e)) (fa2 prefill.cuh and fa3 attention_updater.cuh)
-FLASHINFER_LSE_TO_NATURAL = math.log(2.0)
 
 
 def block_means(

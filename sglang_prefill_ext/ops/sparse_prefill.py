@@ -1,7 +1,7 @@
 """One extend batch's sparse attention: select blocks, plan, run — per forward or per layer.
 
 `begin` takes the batch's layout and KV slots once per forward. `forward` of a layer scores that
-layer's queries against the context's keys (sampled rows and/or pooled blocks, or block energies),
+layer's queries against the context's keys (sampled rows and/or pooled blocks),
 selects the kept blocks, plans FlashInfer and runs (then adds the skipped blocks' mean tokens when
 the settings ask); with `replan=False` a later layer reuses the plan and only runs the attention (one
 selection and one plan per forward).
