@@ -19,7 +19,9 @@ import triton.language as tl
 from .dispatch import triton_enabled
 from .layout import BlockLayout
 from .pooling import key_segments, segment_mean
-from .tiles import tile_scores, visible_blocks
+from .scoring import visible_blocks
+
+_STEP_ELEMENTS = 1 << 26  # scores the torch reference holds per step
 
 
 def block_means(
@@ -156,14 +158,29 @@ def mean_token_attention_reference(
     lse = torch.full((num_tokens, num_qo_heads), float("-inf"), dtype=torch.float32, device=q.device)
     if not skipped.any():
         return out, lse
-    for t in tile_scores(q, k_mean, layout, sm_scale):
-        s = t.s + layout.key_len[t.keys].float().log()[:, None, None, None, :]
-        s = s.masked_fill(~skipped[:, t.rows].transpose(0, 1)[:, :, None, None, :], float("-inf"))
+    num_kv_heads = k_mean.shape[1]
+    num_cols, block = layout.max_key_blocks, layout.block_size
+    cols = torch.arange(num_cols, device=q.device)
+    within = torch.arange(block, device=q.device)
+    log_len = layout.key_len.float().log()
+    step = max(1, _STEP_ELEMENTS // (block * num_qo_heads * num_cols))
+    for r0 in range(0, layout.num_rows, step):
+        rows = torch.arange(r0, min(r0 + step, layout.num_rows), device=q.device)
+        live = within[None, :] < layout.row_q_len[rows].long()[:, None]  # [Rg, B]: real query slots
+        tokens = torch.where(live, layout.row_q_start[rows].long()[:, None] + within, 0)
+        keys = layout.req_key_offset[layout.row_req[rows].long()].long()[:, None] + cols
+        keys = keys.clamp(max=k_mean.shape[0] - 1)  # columns past a request's blocks are masked below
+        qg = q[tokens].float().view(len(rows), block, num_kv_heads, -1, head_dim)
+        s = (
+            torch.einsum("rbhgd,rchd->rhgbc", qg * sm_scale, k_mean[keys])
+            + log_len[keys][:, None, None, None, :]
+        )
+        s = s.masked_fill(~skipped[:, rows].transpose(0, 1)[:, :, None, None, :], float("-inf"))
         step_lse = torch.logsumexp(s, -1)  # [Rg, Hkv, G, B]
         p = torch.exp(s - step_lse[..., None]).nan_to_num(0.0)  # rows with no mean token: all -inf
-        o = torch.einsum("rhgbc,rchd->rbhgd", p, v_mean[t.keys]).flatten(2, 3)
-        out[t.tokens[t.live]] = o[t.live]
-        lse[t.tokens[t.live]] = step_lse.permute(0, 3, 1, 2).flatten(2, 3)[t.live]
+        o = torch.einsum("rhgbc,rchd->rbhgd", p, v_mean[keys]).flatten(2, 3)
+        out[tokens[live]] = o[live]
+        lse[tokens[live]] = step_lse.permute(0, 3, 1, 2).flatten(2, 3)[live]
     return out, lse
 
 
