@@ -83,7 +83,9 @@ class SparseExtend(ExtendPath):
         self.sparse.begin(layout, context_locs(layout, req_to_token, forward_batch.req_pool_indices))
 
     def _takes_layer(self, layer: RadixAttention) -> bool:
-        return layer.layer_id >= self._first_layer
+        # the mean-token attention has no logit soft cap: such layers keep the backend's attention
+        capped_mean = self._config.sparse_mean_correction and bool(layer.logit_cap)
+        return layer.layer_id >= self._first_layer and not capped_mean
 
     def _attend(
         self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, layer: RadixAttention
