@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from real_text import corpus_ids
 
 from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
-from sglang_prefill_ext.ops.reference import block_mass, block_sparse_attention
+from sglang_prefill_ext.ops.reference import block_sparse_attention, exact_block_mass
 from sglang_prefill_ext.ops.scoring import select_by_mass
 
 TAIL_FROM = 1024
@@ -104,7 +104,7 @@ class SparseAttention:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, select: bool
     ) -> torch.Tensor:
         if select and self.oracle:
-            mass = block_mass(q, k, scaling, self.block_size)
+            mass = exact_block_mass(q, k, scaling, self.block_size)
             self.sparse.mask = select_by_mass(mass, self.sparse.layout, self.sparse.settings)
         elif select:
             self.sparse.mask = self.sparse.select(q, k, scaling)

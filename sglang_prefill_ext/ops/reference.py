@@ -56,7 +56,7 @@ def block_sparse_attention(
     return out, lse
 
 
-def block_mass(
+def exact_block_mass(
     q: torch.Tensor, k: torch.Tensor, sm_scale: float, block_size: int = 128, chunk: int = 1024
 ) -> torch.Tensor:
     """The exact causal attention each (query block, key block) pair holds, summed over the block's

@@ -14,7 +14,7 @@ from sglang_prefill_ext.ops.mean_correction import (
     mean_token_attention_triton,
     skipped_visible,
 )
-from sglang_prefill_ext.ops.reference import block_mass, block_sparse_attention
+from sglang_prefill_ext.ops.reference import block_sparse_attention, exact_block_mass
 
 BLOCK = 32
 
@@ -37,11 +37,11 @@ def test_chunked_dense_attention_equals_sdpa(heads: tuple[int, int], length: int
     torch.testing.assert_close(lse, torch.logsumexp(s, -1).T, atol=1e-5, rtol=1e-5)
 
 
-def test_block_mass_sums_the_exact_attention_by_block() -> None:
+def test_exact_block_mass_sums_the_attention_by_block() -> None:
     length, heads = 200, (6, 2)
     q = torch.randn(length, heads[0], 16)
     k = torch.randn(length, heads[1], 16)
-    mass = block_mass(q, k, 16**-0.5, BLOCK, chunk=64)
+    mass = exact_block_mass(q, k, 16**-0.5, BLOCK, chunk=64)
     s = torch.einsum("nhd,lhd->hnl", q, k.repeat_interleave(3, 1)) * 16**-0.5
     p = s.masked_fill(torch.ones(length, length).triu(1).bool(), float("-inf")).softmax(-1)
     blocks = torch.arange(length) // BLOCK
