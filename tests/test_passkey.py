@@ -41,8 +41,11 @@ def test_keys_are_five_digits_and_fixed() -> None:
     assert all(len(key) == 5 and key.isdigit() for _, key in cases)
 
 
-def _write(path: Path, rights: list[bool]) -> str:
-    rows = [dict(idx=i, depth=0.5 if i % 2 else 0.1, right=r) for i, r in enumerate(rights)]
+def _write(path: Path, rights: list[bool], ttft: float | None = None) -> str:
+    rows = [
+        dict(idx=i, depth=0.5 if i % 2 else 0.1, right=r, answer=" 12345" if r else " no", ttft_s=ttft)
+        for i, r in enumerate(rights)
+    ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return str(path)
 
@@ -61,3 +64,17 @@ def test_compare_fails_only_when_sparse_misses_what_dense_answers(tmp_path: Path
     assert compare(dense, same_or_better) == 0
     assert compare(dense, worse) == 1
     assert json.loads((tmp_path / "s.json").read_text())[worse]["missed"] == [2]
+
+
+def test_compare_counts_equal_answers_and_the_ttft_ratio(tmp_path: Path, monkeypatch, capsys) -> None:
+    dense = _write(tmp_path / "dense.jsonl", [True, False, True, True], ttft=0.6)
+    sparse = _write(tmp_path / "sparse.jsonl", [True, True, True, True], ttft=0.2)
+    reference = _write(tmp_path / "hf.jsonl", [True, False, True, True])
+    monkeypatch.setattr(
+        sys, "argv", ["passkey.py", "compare", dense, sparse, reference, "--json", str(tmp_path / "s.json")]
+    )
+    assert passkey.main() == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary[sparse]["same_answers"] == 3 and summary[reference]["same_answers"] == 4
+    assert summary[dense]["ttft_p50_s"] == 0.6 and summary[reference]["ttft_p50_s"] is None
+    assert "TTFT 3.00x lower" in capsys.readouterr().out

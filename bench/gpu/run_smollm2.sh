@@ -10,7 +10,8 @@
 #     bench/greedy_check.py (50 prompts: chunked, cache hits, partial hits, a burst), stop it; then
 #     compare every variant's outputs with the first's; or, with CHECK=passkey, bench/passkey.py
 #     $PASSKEY_ARGS (keys planted in real text at five depths, greedy answers, TTFT per prompt) and
-#     compare every variant's recall with the first's (dense) — e.g. the issue-15 end-to-end run:
+#     compare every variant's recall, answers and TTFT with the first's (dense), then the same prompts
+#     through transformers (the YaRN check) — e.g. the issue-15 end-to-end run:
 #       YARN_FACTOR=8 CHECK=passkey ACCURACY=0 VARIANTS="stock ext_sparse" \
 #       EXT_ARGS_ext_sparse="--enable-prefill-ext --prefill-ext-sparse" \
 #       SERVER_ARGS="--context-length 65536 --mem-fraction-static 0.5" bash bench/gpu/run_smollm2.sh
@@ -111,6 +112,12 @@ for v in $VARIANTS; do
   stop_server
 done
 if patch_cli status 2>/dev/null | grep -q ": applied"; then patch_cli revert >>"$WORK/patch-cli.log" 2>&1 || true; fi
+if [ "$CHECK" = passkey ] && [ "$(left)" -gt 60 ]; then
+  # the same prompts through transformers: equal answers say the server applies the YaRN scaling
+  # shellcheck disable=SC2086  # PASSKEY_ARGS is a flag list
+  timeout "$(left)" $PY bench/passkey.py run --url transformers:cuda --model-dir "$MODEL" --label transformers \
+    --out "$OUT/passkey-transformers.jsonl" $PASSKEY_ARGS && files+=("$OUT/passkey-transformers.jsonl")
+fi
 if [ ${#files[@]} -gt 1 ]; then
   $PY "bench/${CHECK/greedy/greedy_check}.py" compare "${files[@]}" --json "$OUT/$CHECK-compare.json" \
     | tee "$OUT/$CHECK-compare.txt"
