@@ -11,8 +11,7 @@ Rows per length L:
             (GPU indices, FlashInfer planner) + attention, with FlashInfer's public wrapper.plan on the same mask timed alongside
             (plan_public_ms), on synthetic topic-structured Q/K with planted needles, half of them a
             single key token (density is a property of this data); shared_ms counts select + plan once
-            per 30 layers, as with --prefill-ext-sparse-per-layer off; attn_mean_ms / rel_err_mean: the
-            attention with the skipped blocks' mean tokens merged in (--prefill-ext-sparse-mean-correction)
+            per 30 layers, as with --prefill-ext-sparse-per-layer off
   rand_d_B  attention only over a random block mask of density d (diagonal kept), FlashInfer backend B
             (fa2 / fa3, --backends): kernel speed vs density
   chunk     the last 8K chunk over a 120K cached prefix: sparse (each scorer) vs FlashInfer paged dense
@@ -190,10 +189,6 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
         indices = build_plan_indices(mask, layout, locs)
         attn_ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
         out = sparse.attention.run(q, k, v)
-        mean_ms = timed(
-            lambda s=sparse: s.mean_correct(q, k, v, *s.attention.run_with_lse(q, k, v), scale), reps
-        )
-        out_mean = sparse.mean_correct(q, k, v, *sparse.attention.run_with_lse(q, k, v), scale)
         total = select_ms + plan_ms + attn_ms
         rows.append(
             dict(
@@ -210,8 +205,6 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
                 recall=sum(bool(mask[n[:3]]) for n in needles) / len(needles),
                 missed=[n for n in needles if not bool(mask[n[:3]])],
                 rel_err=float((out.float() - dense_out.float()).norm() / dense_out.float().norm()),
-                attn_mean_ms=mean_ms,
-                rel_err_mean=float((out_mean - dense_out.float()).norm() / dense_out.float().norm()),
                 tflops=plan_flops(indices) / attn_ms / 1e9,
                 per_layer_overhead=(select_ms + plan_ms) / attn_ms,
             )

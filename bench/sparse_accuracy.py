@@ -1,7 +1,7 @@
 """Accuracy of block-sparse prefill on real weights: next-token predictions, sparse vs dense (issue 6).
 
     python bench/sparse_accuracy.py --model-dir DIR [--prompts 8] [--length 8192] [--json PATH]
-        [--configs sampled:0.95 pooled:0.05 ...] [--mean-correction off|on|both] [--samples 2]
+        [--configs sampled:0.95 pooled:0.05 ...] [--samples 2]
         [--local-blocks 4] [--dense-layers 2] [--block-size 128] [--shared] [--device cuda|cpu] [--emulate]
 
 Loads an HF checkpoint (SmolLM2-135M-Instruct, converted by scripts/models/convert_smollm2.py) with
@@ -11,8 +11,7 @@ package's `SparsePrefill` exactly as the serving backend runs a fresh prompt (on
 position, selection and plan in every sparse layer, or with --shared once at the first). With
 --emulate (always on the CPU) the model runs in fp32 and every layer, dense reference included,
 through exact attention a chunk of queries at a time (ops/reference.py: nothing is L x L, so 128K
-fits an H200), the sparse layers over their kept blocks only: only the selection (and the mean
-correction) differs from dense. Reports, over every position and over the positions past the first
+fits an H200), the sparse layers over their kept blocks only: only the selection differs from dense. Reports, over every position and over the positions past the first
 1,024: top-1 agreement of the next-token argmax, mean KL(dense || sparse) of the next-token
 distributions, and the kept-block density (kept causal blocks over causal blocks: mean over the
 selecting layers; the JSON has it per layer and per KV head), for every scorer:value setting given.
@@ -48,7 +47,7 @@ def token_major(*tensors: torch.Tensor) -> list[torch.Tensor]:
 def exact_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """A transformers attention function: exact fp32 causal attention, a chunk of queries at a time
     (the fp32 math SDPA kernel would hold L x L: 144 GiB at 64K)."""
-    out, _ = block_sparse_attention(*token_major(query, key, value), scaling)
+    out = block_sparse_attention(*token_major(query, key, value), scaling)
     return out.to(query.dtype).unsqueeze(0), None
 
 
@@ -56,7 +55,7 @@ class SparseAttention:
     """A transformers attention function: dense for the first layers, `SparsePrefill` for the rest.
 
     Emulated (fp32), every layer runs `block_sparse_attention` (the sparse ones over their kept
-    blocks, then mean-corrected when the settings ask), so only the selection differs from dense.
+    blocks), so only the selection differs from dense.
     """
 
     def __init__(
@@ -108,9 +107,7 @@ class SparseAttention:
             self.sparse.mask = select_by_mass(mass, self.sparse.layout, self.sparse.settings)
         elif select:
             self.sparse.mask = self.sparse.select(q, k, scaling)
-        out, lse = block_sparse_attention(q, k, v, scaling, self.sparse.mask, self.block_size)
-        if self.sparse.settings.mean_correction:
-            out = self.sparse.mean_correct(q, k, v, out, lse, scaling)
+        out = block_sparse_attention(q, k, v, scaling, self.sparse.mask, self.block_size)
         return out.to(q.dtype)
 
 
@@ -177,11 +174,6 @@ def main() -> None:
         default=[(SparseSettings.scorer, f"{SparseSettings.threshold},{SparseSettings.mass}")],
         help="scorer:value pairs: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items()),
     )  # fmt: skip
-    parser.add_argument(
-        "--mean-correction", choices=("off", "on", "both"), default="off",
-        help="skipped fully visible blocks enter the softmax as mean tokens (FlashPrefill V2); both: "
-        "every config with and without",
-    )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
     parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)
     parser.add_argument("--dense-layers", type=int, default=2)
@@ -214,25 +206,21 @@ def main() -> None:
         AttentionInterface.register("prefill_ext_exact", exact_attention)
         dense_attention = "prefill_ext_exact"
     workspace = None if emulate else torch.empty(128 << 20, dtype=torch.uint8, device=a.device)
-    corrections = {"off": [False], "on": [True], "both": [False, True]}[a.mean_correction]
     attentions: dict[str, SparseAttention] = {}
     for scorer, value in a.configs:
-        for mean_correction in corrections:
-            if scorer == "oracle" and not emulate:
-                parser.error("oracle:MASS needs --emulate (it reads the exact attention)")
-            settings = SparseSettings(
-                block_size=a.block_size,
-                scorer="sampled" if scorer == "oracle" else scorer,
-                samples=a.samples,
-                local_blocks=a.local_blocks,
-                mean_correction=mean_correction,
-                **knobs(scorer, value),
-            )
-            sparse = SparsePrefill(settings, None if emulate else BlockSparsePrefill(workspace))
-            name = f"{scorer}:{value}" + (" +mean" if mean_correction else "")
-            attentions[name] = SparseAttention(
-                sparse, a.dense_layers, a.block_size, not a.shared, emulate, oracle=scorer == "oracle"
-            )
+        if scorer == "oracle" and not emulate:
+            parser.error("oracle:MASS needs --emulate (it reads the exact attention)")
+        settings = SparseSettings(
+            block_size=a.block_size,
+            scorer="sampled" if scorer == "oracle" else scorer,
+            samples=a.samples,
+            local_blocks=a.local_blocks,
+            **knobs(scorer, value),
+        )
+        sparse = SparsePrefill(settings, None if emulate else BlockSparsePrefill(workspace))
+        attentions[f"{scorer}:{value}"] = SparseAttention(
+            sparse, a.dense_layers, a.block_size, not a.shared, emulate, oracle=scorer == "oracle"
+        )
     ids = corpus_ids(tokenizer, a.prompts * a.length)
     per_config: dict[str, list[dict[str, float]]] = {c: [] for c in attentions}
     for i in range(a.prompts):

@@ -105,12 +105,6 @@ class PrefillExtConfig:
         SPARSE.last_blocks,
         "The last N query blocks of each request's extend attend densely (e.g. the question at the end).",
     )
-    sparse_mean_correction: bool = _option(
-        SPARSE.mean_correction,
-        "Every key block a query block skips but sees in full enters its softmax as one token (the block's "
-        "mean key and value, score + log(block tokens)), so the skipped attention is approximated, not "
-        "dropped (FlashPrefill V2). A Triton kernel over queries x key blocks, about 2/block-size of dense.",
-    )
     sparse_per_layer: bool = _option(
         True,
         "Score and plan in every sparse layer (on SmolLM2 a layout shared by all layers keeps less of the "

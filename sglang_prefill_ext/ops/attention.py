@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import math
 import warnings
 
 import torch
@@ -31,9 +30,6 @@ def to_token_major(o: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     n = rows // num_kv_heads
     return o.view(num_kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, num_kv_heads * group, head_dim)
 
-
-# FlashInfer's kernels return log2(sum 2^(score * log2 e)) (fa2 prefill.cuh and fa3 attention_updater.cuh)
-FLASHINFER_LSE_TO_NATURAL = math.log(2.0)
 
 # The FlashInfer whose private wrapper fields and planner argument lists `_plan_direct` writes (the
 # version SGLang 0.5.17 pins and the GPU numbers were measured with); newer ones change them.
@@ -170,17 +166,6 @@ class BlockSparsePrefill:
         """q [N, Hq, D]; k/v_buffer: the layer's KV pool [T, Hkv, D]; returns [N, Hq, D]."""
         out = self._wrapper.run(to_head_major(q, self._num_kv_heads), _pages(k_buffer, v_buffer))
         return to_token_major(out, self._num_kv_heads)
-
-    def run_with_lse(
-        self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`run`, plus each row's log-sum-exp of its scaled scores over the kept keys, natural log,
-        [N, Hq] fp32."""
-        out, lse = self._wrapper.run(
-            to_head_major(q, self._num_kv_heads), _pages(k_buffer, v_buffer), return_lse=True
-        )
-        lse = to_token_major(lse[..., None], self._num_kv_heads)[..., 0] * FLASHINFER_LSE_TO_NATURAL
-        return to_token_major(out, self._num_kv_heads), lse
 
 
 def _pages(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

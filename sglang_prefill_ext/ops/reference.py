@@ -1,7 +1,7 @@
 """Exact fp32 block-sparse attention in torch, a chunk of query rows at a time (never L x L).
 
 The reference the fp32 emulation of `bench/sparse_accuracy.py` runs every layer through (dense ones
-too, `keep=None`) and the GPU tests compare FlashInfer's path against. One prompt, no cached prefix:
+too, `keep=None`). One prompt, no cached prefix:
 query i and key i are both position i, and blocks are `block_size` positions from 0.
 """
 
@@ -40,20 +40,16 @@ def block_sparse_attention(
     keep: torch.Tensor | None = None,
     block_size: int = 128,
     chunk: int = 1024,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """Causal attention of q [L, Hq, D] over k, v [L, Hkv, D] restricted to the key blocks `keep`
-    [Hkv, R, C] keeps (None: every causal key). Returns out [L, Hq, D] and the natural log-sum-exp of
-    the scaled scores [L, Hq], both fp32. Peak memory ~ Hq x `chunk` x L floats."""
+    [Hkv, R, C] keeps (None: every causal key): [L, Hq, D] fp32. Peak memory ~ Hq x `chunk` x L floats."""
     length, num_qo_heads, head_dim = q.shape
     values = v.float().transpose(0, 1)[:, None]
     out = torch.empty(length, num_qo_heads, head_dim, dtype=torch.float32, device=q.device)
-    lse = torch.empty(length, num_qo_heads, dtype=torch.float32, device=q.device)
     for start, end, s in _causal_scores(q, k, sm_scale, keep, block_size, chunk):
-        chunk_lse = torch.logsumexp(s, -1)
-        o = torch.matmul(torch.exp(s - chunk_lse[..., None]), values[:, :, :end])  # [Hkv, G, n, D]
+        o = torch.matmul(torch.softmax(s, -1), values[:, :, :end])  # [Hkv, G, n, D]
         out[start:end] = o.permute(2, 0, 1, 3).reshape(end - start, num_qo_heads, head_dim)
-        lse[start:end] = chunk_lse.permute(2, 0, 1).reshape(end - start, num_qo_heads)
-    return out, lse
+    return out
 
 
 def exact_block_mass(

@@ -151,12 +151,6 @@ def _columns_and_diagonals(layout: BlockLayout, device: torch.device) -> tuple[t
     ]
 
 
-def visible_blocks(layout: BlockLayout, device: torch.device) -> torch.Tensor:
-    """Key blocks each row block sees in full (strictly before its diagonal): bool [R, C]."""
-    cols, diag = _columns_and_diagonals(layout, device)
-    return cols < diag
-
-
 def structural_blocks(layout: BlockLayout, settings: SparseSettings, device: torch.device) -> torch.Tensor:
     """Blocks kept whatever the scores (sinks, local window, diagonal, last rows), and causal: bool [R, C]."""
     cols, diag = _columns_and_diagonals(layout, device)

@@ -19,10 +19,6 @@ class SparseSettings:
     the row's attention as estimated from `samples` exact query rows per block and head (sampled.py).
     Scorer "pooled": its pooled score reaches `threshold` x the row's best for some query head of the
     KV head's group. Scorer "hybrid": either rule keeps it.
-
-    With `mean_correction`, every skipped key block a query block sees in full (before its diagonal)
-    still enters that block's softmax as one token, its mean key and mean value, with its score raised
-    by log(tokens in the block) (FlashPrefill V2): the skipped mass is approximated, not dropped.
     """
 
     block_size: int = 128
@@ -33,7 +29,6 @@ class SparseSettings:
     sink_blocks: int = 1
     local_blocks: int = 4
     last_blocks: int = 1
-    mean_correction: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

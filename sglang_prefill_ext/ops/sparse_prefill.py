@@ -2,8 +2,7 @@
 
 `begin` takes the batch's layout and KV slots once per forward. `forward` of a layer scores that
 layer's queries against the context's keys (sampled rows and/or pooled blocks),
-selects the kept blocks, plans FlashInfer and runs (then adds the skipped blocks' mean tokens when
-the settings ask); with `replan=False` a later layer reuses the plan and only runs the attention (one
+selects the kept blocks, plans FlashInfer and runs; with `replan=False` a later layer reuses the plan and only runs the attention (one
 selection and one plan per forward).
 """
 
@@ -13,7 +12,6 @@ import torch
 
 from .attention import BlockSparsePrefill
 from .layout import BlockLayout
-from .mean_correction import block_means, mean_token_attention, merge_attention, skipped_visible
 from .plan import build_plan_indices
 from .pooling import key_segments, pool_keys, pool_queries
 from .sampled import SampleGeometry, block_mass, sample_geometry
@@ -116,30 +114,8 @@ class SparsePrefill:
         """Attention of q [N, Hq, D] over the batch's context in the KV pool; [N, Hq, D]."""
         if replan or not self.planned:
             self.select_and_plan(q, k_buffer, sm_scale, logits_soft_cap)
-        return self.run(q, k_buffer, v_buffer, sm_scale)
+        return self.run(q, k_buffer, v_buffer)
 
-    def run(
-        self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, sm_scale: float
-    ) -> torch.Tensor:
-        """The planned attention of q [N, Hq, D], mean-corrected when the settings ask; [N, Hq, D]."""
-        if not self.settings.mean_correction:
-            return self.attention.run(q, k_buffer, v_buffer)
-        out, lse = self.attention.run_with_lse(q, k_buffer, v_buffer)
-        return self.mean_correct(q, k_buffer, v_buffer, out, lse, sm_scale).to(q.dtype)
-
-    def mean_correct(
-        self,
-        q: torch.Tensor,
-        k_buffer: torch.Tensor,
-        v_buffer: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        sm_scale: float,
-    ) -> torch.Tensor:
-        """Merge the kept blocks' attention (out [N, Hq, D], natural lse [N, Hq]) with the mean tokens
-        of the blocks the last plan's mask skips (mean_correction.py); [N, Hq, D] fp32."""
-        assert self.mask is not None, "plan() first"
-        k_mean, v_mean = block_means(k_buffer, v_buffer, self.layout, self._locs)
-        skipped = skipped_visible(self.mask, self.layout)
-        out_m, lse_m = mean_token_attention(q, k_mean, v_mean, skipped, self.layout, sm_scale)
-        return merge_attention(out.float(), lse, out_m, lse_m)
+    def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
+        """The planned attention of q [N, Hq, D]; [N, Hq, D]."""
+        return self.attention.run(q, k_buffer, v_buffer)

@@ -173,13 +173,3 @@ def test_the_first_sparse_layer_alone_may_decline() -> None:
     k = torch.randn(3000, KV_HEADS, HEAD_DIM).bfloat16()
     out = path.forward(q, k, k, _layer(1), batch, save_kv_cache=True)
     assert out is not None and out.shape == q.shape and len(planned) == 1
-
-
-def test_mean_correction_leaves_soft_capped_layers_to_the_backend() -> None:
-    """The mean tokens are scored without the logit soft cap, so a capped layer is not taken with it."""
-    backend = _backend(sparse_dense_layers=2, sparse_mean_correction=True)
-    batch = _batch()
-    assert backend.ext_path.begin(batch)
-    q, k = torch.empty(1240, HEADS * HEAD_DIM), torch.empty(1240, KV_HEADS * HEAD_DIM)
-    assert backend.ext_path.runs(q, k, _layer(2), batch)
-    assert not backend.ext_path.runs(q, k, _layer(2, logit_cap=30.0), batch)

@@ -51,7 +51,6 @@ def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
         sink_blocks=config.sparse_sink_blocks,
         local_blocks=config.sparse_local_blocks,
         last_blocks=config.sparse_last_blocks,
-        mean_correction=config.sparse_mean_correction,
     )
 
 
@@ -83,9 +82,7 @@ class SparseExtend(ExtendPath):
         self.sparse.begin(layout, context_locs(layout, req_to_token, forward_batch.req_pool_indices))
 
     def _takes_layer(self, layer: RadixAttention) -> bool:
-        # the mean-token attention has no logit soft cap: such layers keep the backend's attention
-        capped_mean = self._config.sparse_mean_correction and bool(layer.logit_cap)
-        return layer.layer_id >= self._first_layer and not capped_mean
+        return layer.layer_id >= self._first_layer
 
     def _attend(
         self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, layer: RadixAttention
@@ -115,4 +112,4 @@ class SparseExtend(ExtendPath):
                 )
             if not planned:
                 return None
-        return self.sparse.run(q, k_buffer, v_buffer, layer.scaling)
+        return self.sparse.run(q, k_buffer, v_buffer)
