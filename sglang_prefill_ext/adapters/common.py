@@ -110,11 +110,15 @@ def validate_token_ids(
     input_ids: list[int] | list[list[int]], vocab_size: int, stock_check: Callable[[Any, int], None]
 ) -> None:
     """Raise ValueError (HTTP 400) for ids >= vocab_size (with SGLang's own check and message,
-    `stock_check`) or < 0; a flat list or a batch of lists."""
-    stock_check(input_ids, vocab_size)
+    `stock_check`) or < 0; a flat list or a batch of lists. SGLang's check is a Python generator over
+    every id (~2 ms for 100K on the TTFT path): it runs only once C-level max() found an id to refuse."""
     rows = input_ids if isinstance(input_ids[0], list) else [input_ids]
     for row in rows:
-        if row and min(row) < 0:
+        if not row:
+            continue
+        if max(row) >= vocab_size:
+            stock_check(row, vocab_size)  # raises with the message stock gives that row
+        if min(row) < 0:
             raise ValueError(
                 f"The input_ids contain a negative token id ({min(row)}); valid range is [0, {vocab_size})."
             )

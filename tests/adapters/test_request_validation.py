@@ -55,3 +55,16 @@ def test_valid_ids_pass_and_flag_off_is_stock(manager) -> None:
     manager(False)._validate_one_request(_request([1, VOCAB + 7]), [1, VOCAB + 7])
     with pytest.raises(ValueError, match="longer than the model's context length"):
         manager(True)._validate_one_request(_request([1] * 5000), [1] * 5000)
+
+
+def test_a_batch_gets_stock_s_message_for_its_offending_row(manager) -> None:
+    from sglang_prefill_ext.adapters.common import validate_token_ids
+
+    m = manager(True)
+    batch = [[1, 2], [3, VOCAB, 4]]
+    with pytest.raises(ValueError) as ours:
+        validate_token_ids(batch, VOCAB, m._validate_input_ids_in_vocab)
+    with pytest.raises(ValueError) as stock:
+        m._validate_input_ids_in_vocab(batch, VOCAB)
+    assert str(ours.value) == str(stock.value)
+    validate_token_ids([[1, 2], [VOCAB - 1]], VOCAB, m._validate_input_ids_in_vocab)
