@@ -7,8 +7,8 @@ Rows per length L:
   sdpa      torch SDPA, dense causal (GQA)
   fi_dense  FlashInfer ragged prefill, dense causal (what SGLang runs for a fresh prompt)
   sparse_S  this package with scorer S (sampled: exact sampled query rows, block mass, coverage; pooled:
-            mean Q . mean K, relative threshold): score (Triton) + plan
-            (GPU indices, FlashInfer planner) + attention, with FlashInfer's public wrapper.plan on the same mask timed alongside
+            mean Q . mean K, relative threshold): score (Triton) + plan (GPU indices, FlashInfer planner)
+            + attention, with FlashInfer's public wrapper.plan on the same mask timed alongside
             (plan_public_ms), on synthetic topic-structured Q/K with planted needles, half of them a
             single key token (density is a property of this data); shared_ms counts select + plan once
             per 30 layers, as with --prefill-ext-sparse-per-layer off

@@ -1,8 +1,8 @@
 """Accuracy of block-sparse prefill on real weights: next-token predictions, sparse vs dense (issue 6).
 
     python bench/sparse_accuracy.py --model-dir DIR [--prompts 8] [--length 8192] [--json PATH]
-        [--configs sampled:0.95 pooled:0.05 ...] [--samples 2]
-        [--local-blocks 4] [--dense-layers 2] [--block-size 128] [--shared] [--device cuda|cpu] [--emulate]
+        [--configs sampled:0.95 pooled:0.05 ...] [--samples 2] [--local-blocks 4] [--dense-layers 2]
+        [--block-size 128] [--shared] [--device cuda|cpu] [--emulate]
 
 Loads an HF checkpoint (SmolLM2-135M-Instruct, converted by scripts/models/convert_smollm2.py) with
 transformers on the GPU and runs each prompt of `--length` tokens of real text (`real_text.py`) twice:
@@ -11,10 +11,11 @@ package's `SparsePrefill` exactly as the serving backend runs a fresh prompt (on
 position, selection and plan in every sparse layer, or with --shared once at the first). With
 --emulate (always on the CPU) the model runs in fp32 and every layer, dense reference included,
 through exact attention a chunk of queries at a time (ops/reference.py: nothing is L x L, so 128K
-fits an H200), the sparse layers over their kept blocks only: only the selection differs from dense. Reports, over every position and over the positions past the first
-1,024: top-1 agreement of the next-token argmax, mean KL(dense || sparse) of the next-token
-distributions, and the kept-block density (kept causal blocks over causal blocks: mean over the
-selecting layers; the JSON has it per layer and per KV head), for every scorer:value setting given.
+fits an H200), the sparse layers over their kept blocks only: only the selection differs from dense.
+Reports, over every position and over the positions past the first 1,024: top-1 agreement of the
+next-token argmax, mean KL(dense || sparse) of the next-token distributions, and the kept-block density
+(kept causal blocks over causal blocks: mean over the selecting layers; the JSON has it per layer and
+per KV head), for every scorer:value setting given.
 `oracle:MASS` (with --emulate) keeps, per KV head and query block, the fewest blocks holding MASS of the
 layer's exact attention (plus sinks, local window, last rows): what a perfect scorer would keep, a bound
 on any selection at that density.

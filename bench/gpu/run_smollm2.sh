@@ -23,7 +23,8 @@
 #   e.g. flashinfer]; SERVER_ARGS [chunked prefill 1024, mem 0.3, context 8192, plus
 #   --attention-backend $ATTENTION_BACKEND when set]; ACCURACY=0 skips step 2; BUDGET_S [540]; HF,
 #   PARTS, OUT, PORT; YARN_FACTOR [empty; 4, 8, 16: serve and score the YaRN-extended checkpoint built by
-#   convert_smollm2.py yarn]; CHECK [greedy; passkey]; PASSKEY_ARGS [--length 65536]. env.txt records the attention backend each variant's server resolved.
+#   convert_smollm2.py yarn]; CHECK [greedy; passkey]; PASSKEY_ARGS [--length 65536]. env.txt records the
+#   attention backend each variant's server resolved.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

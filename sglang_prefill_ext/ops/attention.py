@@ -164,11 +164,7 @@ class BlockSparsePrefill:
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
         """q [N, Hq, D]; k/v_buffer: the layer's KV pool [T, Hkv, D]; returns [N, Hq, D]."""
-        out = self._wrapper.run(to_head_major(q, self._num_kv_heads), _pages(k_buffer, v_buffer))
+        head_dim = q.shape[-1]
+        pages = (k_buffer.view(-1, 1, 1, head_dim), v_buffer.view(-1, 1, 1, head_dim))
+        out = self._wrapper.run(to_head_major(q, self._num_kv_heads), pages)
         return to_token_major(out, self._num_kv_heads)
-
-
-def _pages(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The KV pool [T, Hkv, D] as one-token, one-head pages [T*Hkv, 1, 1, D] (see plan.py)."""
-    head_dim = k_buffer.shape[-1]
-    return k_buffer.view(-1, 1, 1, head_dim), v_buffer.view(-1, 1, 1, head_dim)

@@ -1,9 +1,9 @@
 """One extend batch's sparse attention: select blocks, plan, run — per forward or per layer.
 
 `begin` takes the batch's layout and KV slots once per forward. `forward` of a layer scores that
-layer's queries against the context's keys (sampled rows and/or pooled blocks),
-selects the kept blocks, plans FlashInfer and runs; with `replan=False` a later layer reuses the plan and only runs the attention (one
-selection and one plan per forward).
+layer's queries against the context's keys (sampled rows and/or pooled blocks), selects the kept
+blocks, plans FlashInfer and runs; with `replan=False` a later layer reuses the plan and only runs the
+attention (one selection and one plan per forward).
 """
 
 from __future__ import annotations
@@ -114,8 +114,4 @@ class SparsePrefill:
         """Attention of q [N, Hq, D] over the batch's context in the KV pool; [N, Hq, D]."""
         if replan or not self.planned:
             self.select_and_plan(q, k_buffer, sm_scale, logits_soft_cap)
-        return self.run(q, k_buffer, v_buffer)
-
-    def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
-        """The planned attention of q [N, Hq, D]; [N, Hq, D]."""
         return self.attention.run(q, k_buffer, v_buffer)

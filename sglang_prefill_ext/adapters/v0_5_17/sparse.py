@@ -112,4 +112,4 @@ class SparseExtend(ExtendPath):
                 )
             if not planned:
                 return None
-        return self.sparse.run(q, k_buffer, v_buffer)
+        return self.sparse.attention.run(q, k_buffer, v_buffer)
