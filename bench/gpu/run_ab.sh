@@ -29,6 +29,9 @@
 #                  backend (fa3 on Hopper: bring it with bench/gpu/fa3_part.sh), 0.8, 128K]
 #   PRESSURE_SERVER_ARGS  the same for the pressure phase [as SERVER_ARGS with mem fraction 0.2]
 #   EXT_ARGS       added for the ext variant [--enable-prefill-ext]
+#   EXT_LOGS       1: ext* variants also write the extension's request and pass logs (--prefill-ext-log,
+#                  --prefill-ext-pass-log; one write() per finished request and per prefill pass, which
+#                  stock servers do not do); 0: no logs, the same I/O as stock [1]
 #   ROBUST         1: after each variant's workloads, bench/robustness.py on the same server: malformed
 #                  requests (their answers land in robustness-<variant>.json, compared in the report),
 #                  ROBUST_LONG_REPS repeated long prompts for ext* variants [20] of ROBUST_LONG_LEN
@@ -57,6 +60,7 @@ COMMON_ARGS="--load-format dummy --skip-tokenizer-init --context-length 131072"
 SERVER_ARGS=${SERVER_ARGS:-$COMMON_ARGS --mem-fraction-static 0.8}
 PRESSURE_SERVER_ARGS=${PRESSURE_SERVER_ARGS:-$COMMON_ARGS --mem-fraction-static 0.2}
 EXT_ARGS=${EXT_ARGS:---enable-prefill-ext}
+EXT_LOGS=${EXT_LOGS:-1}
 ROBUST=${ROBUST:-0}
 ROBUST_LONG_REPS=${ROBUST_LONG_REPS:-20}
 ROBUST_LONG_LEN=${ROBUST_LONG_LEN:-100000}
@@ -93,7 +97,7 @@ EOF
   echo "VARIANTS=$VARIANTS WORKLOADS=$WORKLOADS PRESSURE=$PRESSURE BUDGET_S=$BUDGET_S BENCH_ARGS=$BENCH_ARGS"
   echo "SERVER_ARGS=$SERVER_ARGS"
   echo "PRESSURE_SERVER_ARGS=$PRESSURE_SERVER_ARGS"
-  echo "EXT_ARGS=$EXT_ARGS"
+  echo "EXT_ARGS=$EXT_ARGS EXT_LOGS=$EXT_LOGS"
   for v in $VARIANTS; do
     case "$v" in ext?*) name="EXT_ARGS_$v"; echo "$name=${!name:-}" ;; stock?*) name="STOCK_ARGS_$v"; echo "$name=${!name:-}" ;; esac
   done
@@ -125,7 +129,7 @@ run_phase() {  # run_phase PHASE WORKLOADS ARGS...
     [ "$v" = ext ] && read -r -a extra <<<"$EXT_ARGS"
     [ "$v" != ext ] && [ "$v" != stock ] && read -r -a extra <<<"${!args_name:-}"
     # ext* variants keep the extension's per-request log (--prefill-ext-log) with the results
-    [ "${v#ext}" != "$v" ] && extra+=(--prefill-ext-log "$WORK/$v/requests-$phase.jsonl" \
+    [ "${v#ext}" != "$v" ] && [ "$EXT_LOGS" = 1 ] && extra+=(--prefill-ext-log "$WORK/$v/requests-$phase.jsonl" \
       --prefill-ext-pass-log "$WORK/$v/passes-$phase.jsonl")
     if ! start_server "$WORK/$v/server-$phase.log" "$@" "${extra[@]}"; then
       log "$phase/$v: server did not start"
