@@ -26,11 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ttft_bench import percentile
+
 STATS = re.compile(
-    r"ReqTimeStats\(rid=\S+, input_len=(\d+), cached_input_len=(\d+), output_len=(\d+),.*"
-    r"queue_duration=([\d.]+)ms, forward_duration=[\d.]+ms, entry_time=([\d.]+)"
+    r"ReqTimeStats\(rid=\S+, input_len=(\d+),.*queue_duration=([\d.]+)ms, forward_duration=[\d.]+ms, "
+    r"entry_time=([\d.]+)"
 )
-QUANTILES = (0.1, 0.5, 0.75, 0.9)
+PERCENTILES = (10, 50, 75, 90)
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def server_stats(log: Path) -> list[ServerStats]:
     for line in log.read_text(errors="replace").splitlines():
         m = STATS.search(line)
         if m:
-            found.append(ServerStats(int(m[1]), float(m[4]), float(m[5])))
+            found.append(ServerStats(int(m[1]), float(m[2]), float(m[3])))
     return sorted(found, key=lambda s: s.entry_s)
 
 
@@ -85,18 +87,13 @@ def split(records: list[dict], log: Path) -> list[tuple[dict, Split]]:
     return out
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def report(root: Path, workload: str, hits: bool) -> str:
-    head = " | ".join(f"p{round(100 * q)}" for q in QUANTILES)
+    head = " | ".join(f"p{q}" for q in PERCENTILES)
     lines = [
         f"{workload}{' cache hits' if hits else ''} (ms; front above the workload's fastest request)",
         "",
         f"| variant | n | stage | {head} |",
-        "| --- | ---: | --- |" + " ---: |" * len(QUANTILES),
+        "| --- | ---: | --- |" + " ---: |" * len(PERCENTILES),
     ]
     for folder in sorted(p for p in root.iterdir() if (p / "server-main.log").exists()):
         records = [json.loads(x) for x in (folder / "requests.jsonl").read_text().splitlines() if x.strip()]
@@ -106,7 +103,7 @@ def report(root: Path, workload: str, hits: bool) -> str:
         splits = [s for r, s in split(ok, folder / "server-main.log") if not hits or r["cached_tokens"] > 0]
         for stage in ("ttft", "front", "queue", "rest"):
             values = [getattr(s, f"{stage}_ms") for s in splits]
-            cells = " | ".join(f"{quantile(values, q):.1f}" for q in QUANTILES)
+            cells = " | ".join(f"{percentile(values, q):.1f}" for q in PERCENTILES)
             lines.append(f"| {folder.name} | {len(values)} | {stage} | {cells} |")
     return "\n".join(lines)
 
