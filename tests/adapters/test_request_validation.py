@@ -8,6 +8,8 @@ from __future__ import annotations
 import types
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sglang_prefill_ext.patching import PatchSet
 
@@ -68,3 +70,41 @@ def test_a_batch_gets_stock_s_message_for_its_offending_row(manager) -> None:
         m._validate_input_ids_in_vocab(batch, VOCAB)
     assert str(ours.value) == str(stock.value)
     validate_token_ids([[1, 2], [VOCAB - 1]], VOCAB, m._validate_input_ids_in_vocab)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(
+        st.lists(
+            st.one_of(
+                st.integers(0, VOCAB - 1), st.integers(-(2**40), 2**40), st.sampled_from([-1, VOCAB, 2**32])
+            ),
+            max_size=12,
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_the_fast_check_refuses_exactly_what_a_python_walk_refuses(manager, rows: list[list[int]]) -> None:
+    from sglang_prefill_ext.adapters.common import validate_token_ids
+
+    stock_check = manager(True)._validate_input_ids_in_vocab
+    expected = None  # the message of the first bad row, checked the way stock would (vocab first)
+    for row in rows:
+        if row and max(row) >= VOCAB:
+            with pytest.raises(ValueError) as stock:
+                stock_check(row, VOCAB)
+            expected = str(stock.value)
+            break
+        if row and min(row) < 0:
+            expected = f"The input_ids contain a negative token id ({min(row)}); valid range is [0, {VOCAB})."
+            break
+    batch = rows if len(rows) > 1 else rows[0]
+    if not batch:
+        return
+    if expected is None:
+        validate_token_ids(batch, VOCAB, stock_check)
+    else:
+        with pytest.raises(ValueError) as ours:
+            validate_token_ids(batch, VOCAB, stock_check)
+        assert str(ours.value) == expected
