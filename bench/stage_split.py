@@ -14,6 +14,7 @@ lengths, in arrival order), and each request's client TTFT is split into
   response).
 
     tar xzf ab-results.tar.gz -C ab && python bench/stage_split.py ab --workload rag --hits
+    python bench/stage_split.py ab1 ab2 --hits --pool   # stock, stock_b, ... of both runs in one row
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def split(records: list[dict], log: Path) -> list[tuple[dict, Split]]:
     return out
 
 
-def report(root: Path, workload: str, hits: bool) -> str:
+def report(roots: Sequence[Path], workload: str, hits: bool, pool: bool = False) -> str:
+    """One table over every variant folder under `roots`; with `pool`, the requests of variants that
+    share a name before "_" (stock, stock_b, ... of one or several runs) in one row per stage."""
     head = " | ".join(f"p{q}" for q in PERCENTILES)
     lines = [
         f"{workload}{' cache hits' if hits else ''} (ms; front above the workload's fastest request)",
@@ -95,28 +98,41 @@ def report(root: Path, workload: str, hits: bool) -> str:
         f"| variant | n | stage | {head} |",
         "| --- | ---: | --- |" + " ---: |" * len(PERCENTILES),
     ]
-    for folder in sorted(p for p in root.iterdir() if (p / "server-main.log").exists()):
-        records = [json.loads(x) for x in (folder / "requests.jsonl").read_text().splitlines() if x.strip()]
-        ok = [r for r in records if r["workload"] == workload and r["error"] is None]
-        if not ok:
-            continue
-        splits = [s for r, s in split(ok, folder / "server-main.log") if not hits or r["cached_tokens"] > 0]
+    rows: dict[str, list[Split]] = {}
+    for root in roots:
+        for folder in sorted(p for p in root.iterdir() if (p / "server-main.log").exists()):
+            records = [
+                json.loads(x) for x in (folder / "requests.jsonl").read_text().splitlines() if x.strip()
+            ]
+            ok = [r for r in records if r["workload"] == workload and r["error"] is None]
+            if ok:
+                name = folder.name.split("_")[0] if pool else folder.name
+                rows.setdefault(name, []).extend(
+                    s for r, s in split(ok, folder / "server-main.log") if not hits or r["cached_tokens"] > 0
+                )
+    for name, splits in sorted(rows.items()):
         for stage in ("ttft", "front", "queue", "rest"):
             values = [getattr(s, f"{stage}_ms") for s in splits]
             cells = " | ".join(f"{percentile(values, q):.1f}" for q in PERCENTILES)
-            lines.append(f"| {folder.name} | {len(values)} | {stage} | {cells} |")
+            lines.append(f"| {name} | {len(values)} | {stage} | {cells} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "root", type=Path, help="folder holding one folder per variant (run_ab.sh's tarball, unpacked)"
+        "roots",
+        type=Path,
+        nargs="+",
+        help="folders holding one folder per variant (run_ab.sh's tarballs, unpacked)",
     )
     p.add_argument("--workload", default="rag")
     p.add_argument("--hits", action="store_true", help="only requests that hit the cache")
+    p.add_argument(
+        "--pool", action="store_true", help="one row per variant name before '_', over every server and root"
+    )
     a = p.parse_args(argv)
-    print(report(a.root, a.workload, a.hits))
+    print(report(a.roots, a.workload, a.hits, a.pool))
     return 0
 
 

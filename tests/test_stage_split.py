@@ -69,7 +69,7 @@ def test_split_measures_front_above_the_fastest_request_and_adds_up(run: Path) -
 
 
 def test_report_keeps_hits_only(run: Path) -> None:
-    table = stage_split.report(run, "rag", hits=True)
+    table = stage_split.report([run], "rag", hits=True)
     rows = [line for line in table.splitlines() if line.startswith("| ext |")]
     assert [row.split(" | ")[2] for row in rows] == ["ttft", "front", "queue", "rest"]
     assert all(row.split(" | ")[1] == "2" for row in rows)
@@ -79,3 +79,18 @@ def test_unmatched_lengths_are_refused(run: Path) -> None:
     stray = [record("rag", 0.0, 999, 0.02, 0)]
     with pytest.raises(ValueError, match="prompt lengths"):
         stage_split.split(stray, run / "ext" / "server-main.log")
+
+
+def test_pool_joins_servers_of_one_variant_across_runs(run: Path, tmp_path: Path) -> None:
+    second = tmp_path / "second"
+    (second / "ext_b").mkdir(parents=True)
+    for name in ("requests.jsonl", "server-main.log"):
+        (second / "ext_b" / name).write_text((run / "ext" / name).read_text())
+    rows = [
+        line.split(" | ")[:3]
+        for line in stage_split.report([run, second], "rag", hits=True, pool=True).splitlines()
+        if line.startswith("| ext")
+    ]
+    assert rows == [["| ext", "4", stage] for stage in ("ttft", "front", "queue", "rest")]
+    apart = stage_split.report([run, second], "rag", hits=True).splitlines()
+    assert {line.split(" | ")[0] for line in apart if line.startswith("| ext")} == {"| ext", "| ext_b"}

@@ -1,8 +1,10 @@
-"""Two checks on the scheduler path of rag-shaped requests (4 cached 16K documents + 100-token questions,
+"""Three checks on the scheduler path of rag-shaped requests (4 cached 16K documents + 100-token questions,
 32 output tokens; bench/schedule_replay.py's ReplayScheduler with overlap), stock vs ext:
 
 - gc: Python GC collections ({generation: (count, total ms)}) over 200 requests, gc frozen first as SGLang
   does;
+- cpu: process CPU seconds of the whole 200-request replay (scheduler, tree, runner, result handling),
+  two rounds, stock and ext alternating;
 - ops: every torch operator over 100 requests (tree, runner, SGLang's own batch preparation and result
   handling). On the GPU each is a kernel launch or, for `_local_scalar_dense` (`.item()`), a device sync:
   equal counts mean the extension adds no device work and no sync on this path.
@@ -81,6 +83,12 @@ for ext in (False, True):
     with gc_times() as stats:
         rag(ext, 200, contextlib.nullcontext())
     print("gc", "ext" if ext else "stock", {g: (n, round(1e3 * s, 2)) for g, (n, s) in stats.items()})
+
+for _ in range(2):
+    for ext in (False, True):
+        began = time.process_time()
+        rag(ext, 200, contextlib.nullcontext())
+        print("cpu", "ext" if ext else "stock", f"{time.process_time() - began:.3f} s")
 
 counted = {}
 for ext in (False, True):
