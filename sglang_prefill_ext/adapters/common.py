@@ -114,8 +114,8 @@ def validate_token_ids(
 ) -> None:
     """Raise ValueError (HTTP 400) for ids >= vocab_size (with SGLang's own check and message,
     `stock_check`) or < 0; a flat list or a batch of lists. This runs on the TTFT path: a row is
-    packed into unsigned 32-bit ints (C speed; refuses negative ids) and its max taken by numpy,
-    0.07 ms for 16K ids where Python's max() + min() take 0.31 ms and SGLang's generator 2 ms for
+    packed into C unsigned ints (C speed; refuses negative ids) and its max taken by numpy,
+    0.065 ms for 16K ids where Python's max() + min() take 0.33 ms and SGLang's generator 2 ms for
     100K. Only a row that fails there is walked again in Python to find which message it gets."""
     rows = input_ids if isinstance(input_ids[0], list) else [input_ids]
     for row in rows:
@@ -133,4 +133,4 @@ def _within(row: list[int], vocab_size: int) -> bool:
         packed = array.array("I", row)
     except (OverflowError, TypeError):  # negative, >= 2**32, or not an int
         return False
-    return int(np.frombuffer(packed, dtype=np.uint32).max()) < vocab_size
+    return int(np.frombuffer(packed, dtype=np.uintc).max()) < vocab_size
