@@ -1,30 +1,39 @@
-"""Accuracy of block-sparse prefill on real weights: next-token predictions, sparse vs dense (issue 6).
+"""Accuracy of block-sparse prefill on real weights, against dense and against the text itself.
 
     python bench/sparse_accuracy.py --model-dir DIR [--prompts 8] [--length 8192] [--json PATH]
-        [--configs sampled:0.95 pooled:0.05 ...] [--samples 2] [--local-blocks 4] [--dense-layers 2]
-        [--block-size 128] [--shared] [--device cuda|cpu] [--emulate]
+        [--configs SCORER:VALUE[@OPT,...] ...] [--samples 2] [--local-blocks 4] [--dense-layers 2]
+        [--block-size 128] [--shared] [--max-density 1] [--device cuda|cpu] [--emulate] [--tf32]
 
-Loads an HF checkpoint (SmolLM2-135M-Instruct, converted by scripts/models/convert_smollm2.py) with
-transformers on the GPU and runs each prompt of `--length` tokens of real text (`real_text.py`) twice:
-dense (torch SDPA, causal) and with every layer from `--dense-layers` on attending through this
-package's `SparsePrefill` exactly as the serving backend runs a fresh prompt (one KV pool slot per
-position, selection and plan in every sparse layer, or with --shared once at the first). With
---emulate (always on the CPU) the model runs in fp32 and every layer, dense reference included,
-through exact attention a chunk of queries at a time (ops/reference.py: nothing is L x L, so 128K
-fits an H200), the sparse layers over their kept blocks only: only the selection differs from dense.
-Reports, over every position and over the positions past the first 1,024: top-1 agreement of the
-next-token argmax, mean KL(dense || sparse) of the next-token distributions, and the kept-block density
-(kept causal blocks over causal blocks: mean over the selecting layers; the JSON has it per layer and
-per KV head), for every scorer:value setting given.
-`oracle:MASS` (with --emulate) keeps, per KV head and query block, the fewest blocks holding MASS of the
-layer's exact attention (plus sinks, local window, last rows): what a perfect scorer would keep, a bound
-on any selection at that density.
+Loads an HF checkpoint (Qwen2.5-Coder-1.5B-Instruct or SmolLM2-135M, scripts/models/model_parts.py) with
+transformers and runs each prompt of `--length` tokens of real text (`real_text.py`) dense (torch SDPA,
+causal), then once per config with every layer from `--dense-layers` on attending through the policy the
+server runs (`SparsePrefill.attend`: one KV pool slot per position, selection and plan in every sparse
+layer, or with --shared once at the first; a first layout denser than --max-density declines the forward,
+which then runs dense). With --emulate the model runs in fp32 and every layer, dense reference included,
+through exact attention a chunk of queries at a time (ops/reference.py: nothing is L x L), the sparse layers
+over their kept blocks only: only the selection differs from dense (--tf32: TF32 matmuls in that attention,
+for 128K in minutes; dense and sparse share the rounding).
+
+Logits are computed from the final hidden states a chunk of positions at a time (128K x vocab never exists).
+Reports per config, over every position and past the first 1,024: perplexity of the text and accuracy of the
+argmax against the text's real next token (dense's own beside it), top-1 agreement with dense, mean KL(dense ||
+sparse), and the kept-block density (kept causal blocks over causal blocks, mean over the selecting layers; the
+JSON has it per layer and per mask head).
+
+SCORER:VALUE: sampled:MASS, pooled:THRESHOLD, hybrid:THRESHOLD,MASS, and (with --emulate) oracle:MASS, which
+keeps, per head and query block, the fewest blocks holding MASS of the layer's exact attention (plus sinks,
+local window, last rows): what a perfect scorer would keep, a bound on any selection at that density.
+OPT (comma-separated): `q` one selection per query head instead of per KV head; `bN` N-token blocks instead of
+--block-size; `layer` (oracle) MASS of the whole layer's attention per head instead of per query block (rows
+that attend narrowly give their budget to rows that spread).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -34,9 +43,10 @@ from real_text import corpus_ids
 
 from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.reference import block_sparse_attention, exact_block_mass
-from sglang_prefill_ext.ops.scoring import select_by_mass
+from sglang_prefill_ext.ops.scoring import select_by_mass, structural_blocks
 
 TAIL_FROM = 1024
+LOGIT_ROWS = 4096  # positions per lm_head chunk: 4096 x 152K vocab fp32 is 2.5 GB
 
 
 def token_major(*tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -52,85 +62,149 @@ def exact_attention(module, query, key, value, attention_mask, scaling=None, dro
     return out.to(query.dtype).unsqueeze(0), None
 
 
+@dataclasses.dataclass(frozen=True)
+class Oracle:
+    """Selection from the exact attention (emulated runs only): `per_layer` MASS of the layer's whole
+    attention per head, else of each query block's."""
+
+    per_layer: bool = False
+
+
+def select_by_layer_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
+    """Per head, the fewest (query block, key block) pairs holding `settings.mass` of the layer's whole
+    attention (largest first), plus the structural blocks: bool [H, R, C]."""
+    heads, rows, cols = mass.shape
+    flat = mass.reshape(heads, -1)
+    ranked, order = flat.sort(-1, descending=True)
+    before = ranked.cumsum(-1) - ranked
+    keep = (before < settings.mass * ranked.sum(-1, keepdim=True)) & (ranked > 0)
+    chosen = torch.zeros_like(keep).scatter_(-1, order, keep).view(heads, rows, cols)
+    return chosen | structural_blocks(layout, settings, mass.device)[None]
+
+
 class SparseAttention:
-    """A transformers attention function: dense for the first layers, `SparsePrefill` for the rest.
+    """A transformers attention function: dense for the first layers, the serving policy
+    (`SparsePrefill.attend`) for the rest; a declined forward runs dense from its first sparse layer.
 
     Emulated (fp32), every layer runs `block_sparse_attention` (the sparse ones over their kept
-    blocks), so only the selection differs from dense.
+    blocks), so only the selection differs from dense; `oracle` selects from the exact attention.
     """
 
     def __init__(
         self,
         sparse: SparsePrefill,
         dense_layers: int,
-        block_size: int,
         per_layer: bool,
         emulate: bool,
-        oracle: bool = False,
+        oracle: Oracle | None = None,
+        max_density: float = 1.0,
     ):
         self.sparse = sparse
         self.oracle = oracle
         self.dense_layers = dense_layers
-        self.block_size = block_size
         self.per_layer = per_layer
         self.emulate = emulate
-        self.densities: list[dict[int, list[float]]] = []  # per forward: selecting layer -> per KV head
+        self.max_density = max_density
+        self.declined = False
+        self.densities: list[dict[int, list[float]]] = []  # per forward: selecting layer -> per mask head
+
+    @property
+    def block_size(self) -> int:
+        return self.sparse.settings.block_size
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        if module.layer_idx < self.dense_layers:
+        first = module.layer_idx == self.dense_layers
+        if module.layer_idx < self.dense_layers or (self.declined and not first):
             dense = exact_attention if self.emulate else sdpa_attention_forward
             return dense(
                 module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
             )
         q, k, v = token_major(query, key, value)
         length = q.shape[0]
-        first = module.layer_idx == self.dense_layers
         if first:
             layout = BlockLayout.build([0], [length], self.block_size, q.device)
             self.sparse.begin(layout, torch.arange(length, device=q.device))
             self.densities.append({})
+            self.declined = False
         select = first or self.per_layer
         if self.emulate:
             out = self._emulate(q, k, v, scaling, select)
         else:
-            out = self.sparse.forward(q, k, v, scaling, replan=self.per_layer)
+            out = self.sparse.attend(
+                q, k, v, scaling, first=first, per_layer=self.per_layer, max_density=self.max_density
+            )
         if select:
             self.densities[-1][module.layer_idx] = self.sparse.head_densities().tolist()
+        if out is None:  # declined: this layer and the later ones run dense
+            self.declined = True
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+            )
         return out.unsqueeze(0), None
 
     def _emulate(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, select: bool
     ) -> torch.Tensor:
-        if select and self.oracle:
-            mass = exact_block_mass(q, k, scaling, self.block_size)
-            self.sparse.mask = select_by_mass(mass, self.sparse.layout, self.sparse.settings)
+        settings = self.sparse.settings
+        if select and self.oracle is not None:
+            mass = exact_block_mass(q, k, scaling, self.block_size, per_query_head=settings.per_query_head)
+            rule = select_by_layer_mass if self.oracle.per_layer else select_by_mass
+            self.sparse.mask = rule(mass, self.sparse.layout, settings)
         elif select:
             self.sparse.mask = self.sparse.select(q, k, scaling)
         out = block_sparse_attention(q, k, v, scaling, self.sparse.mask, self.block_size)
         return out.to(q.dtype)
 
 
-def compare_logits(dense: torch.Tensor, sparse: torch.Tensor) -> dict[str, float]:
-    agree = dense.argmax(-1) == sparse.argmax(-1)
-    # row chunks: at 128K positions one fp32 log-softmax of the logits alone is 24 GiB
-    kl = torch.cat([
-        F.kl_div(s.float().log_softmax(-1), d.float().log_softmax(-1), log_target=True, reduction="none").sum(-1)
-        for d, s in zip(dense.split(8192), sparse.split(8192), strict=True)
-    ])  # fmt: skip
-    return dict(
-        top1=float(agree.float().mean()),
-        top1_tail=float(agree[TAIL_FROM:].float().mean()),
-        kl=float(kl.mean()),
-        kl_tail=float(kl[TAIL_FROM:].mean()),
-        kl_max=float(kl.max()),
-    )
+class TextScores:
+    """Next-token scores of one forward's final hidden states [L, H] against the text (ids [L]) and,
+    for a sparse forward, against dense's hidden states: computed LOGIT_ROWS positions at a time."""
+
+    def __init__(self, lm_head: torch.nn.Module, ids: torch.Tensor) -> None:
+        self.lm_head = lm_head
+        self.ids = ids
+
+    def _chunks(self, hidden: torch.Tensor):
+        for start in range(0, hidden.shape[0] - 1, LOGIT_ROWS):
+            end = min(start + LOGIT_ROWS, hidden.shape[0] - 1)  # the last position has no next token
+            yield start, end, self.lm_head(hidden[start:end]).float().log_softmax(-1)
+
+    def score(self, hidden: torch.Tensor, dense: torch.Tensor | None = None) -> dict[str, float]:
+        nll, right, agree, kl = [], [], [], []
+        dense_chunks = self._chunks(dense) if dense is not None else None
+        for start, end, logp in self._chunks(hidden):
+            target = self.ids[start + 1 : end + 1]
+            nll.append(-logp.gather(-1, target[:, None])[:, 0])
+            best = logp.argmax(-1)
+            right.append(best == target)
+            if dense_chunks is not None:
+                _, _, dense_logp = next(dense_chunks)
+                agree.append(best == dense_logp.argmax(-1))
+                kl.append(F.kl_div(logp, dense_logp, log_target=True, reduction="none").sum(-1))
+        nll_all, right_all = torch.cat(nll), torch.cat(right).float()
+        out = dict(
+            ppl=math.exp(float(nll_all.mean())),
+            ppl_tail=math.exp(float(nll_all[TAIL_FROM:].mean())),
+            next_acc=float(right_all.mean()),
+            next_acc_tail=float(right_all[TAIL_FROM:].mean()),
+        )
+        if agree:
+            agree_all, kl_all = torch.cat(agree).float(), torch.cat(kl)
+            out.update(
+                top1=float(agree_all.mean()),
+                top1_tail=float(agree_all[TAIL_FROM:].mean()),
+                kl=float(kl_all.mean()),
+                kl_tail=float(kl_all[TAIL_FROM:].mean()),
+                kl_max=float(kl_all.max()),
+            )
+        return out
 
 
 def density_summary(forwards: list[dict[int, list[float]]]) -> dict[str, object]:
-    """Kept causal blocks over causal blocks: per (selecting) layer and KV head, mean over prompts;
-    per layer the mean over its heads; overall the mean over layers."""
+    """Kept causal blocks over causal blocks: per (selecting) layer and mask head (KV or query head),
+    mean over prompts; per layer the mean over its heads; overall the mean over layers."""
     per_head = {
         layer: [statistics.mean(f[layer][h] for f in forwards) for h in range(len(heads))]
         for layer, heads in forwards[0].items()
@@ -150,12 +224,49 @@ SCORER_VALUES = {
 SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "oracle": "mass"}
 
 
-def parse_config(text: str) -> tuple[str, str]:
-    scorer, _, value = text.partition(":")
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One `SCORER:VALUE[@OPT,...]` argument (see the module's docstring)."""
+
+    text: str
+    scorer: str
+    value: str
+    per_query_head: bool = False
+    block_size: int | None = None
+    layer_mass: bool = False
+
+    def settings(self, block_size: int, samples: int, local_blocks: int) -> SparseSettings:
+        return SparseSettings(
+            block_size=self.block_size or block_size,
+            scorer="sampled" if self.scorer == "oracle" else self.scorer,
+            samples=samples,
+            local_blocks=local_blocks,
+            per_query_head=self.per_query_head,
+            **knobs(self.scorer, self.value),
+        )
+
+
+def parse_config(text: str) -> Config:
+    spec, _, opts = text.partition("@")
+    scorer, _, value = spec.partition(":")
     if scorer not in SCORER_VALUES or not value:
         expected = ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
-        raise argparse.ArgumentTypeError(f"expected one of {expected}, got {text!r}")
-    return scorer, value
+        raise argparse.ArgumentTypeError(f"expected one of {expected} [@q,bN,layer], got {text!r}")
+    fields: dict[str, object] = {}
+    for opt in filter(None, opts.split(",")):
+        if opt == "q":
+            fields["per_query_head"] = True
+        elif opt == "layer" and scorer == "oracle":
+            fields["layer_mass"] = True
+        elif opt[:1] == "b" and opt[1:].isdigit():
+            fields["block_size"] = int(opt[1:])
+        else:
+            raise argparse.ArgumentTypeError(f"{text!r}: unknown option {opt!r} (q, bN, layer for oracle)")
+    try:
+        knobs(scorer, value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {scorer} takes {SCORER_VALUES[scorer]}") from None
+    return Config(text, scorer, value, **fields)  # type: ignore[arg-type]
 
 
 def knobs(scorer: str, value: str) -> dict[str, float]:
@@ -165,6 +276,21 @@ def knobs(scorer: str, value: str) -> dict[str, float]:
     return {SINGLE_KNOB[scorer]: float(value)}
 
 
+def final_hidden(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states [L, H] (the LM head is applied later, in chunks)."""
+    return model.model(tokens).last_hidden_state[0]
+
+
+def report_line(name: str, s: dict[str, float], dense: dict[str, float]) -> str:
+    ppl_change = (s["ppl"] / dense["ppl"] - 1) * 100
+    return (
+        f"{name}: ppl {s['ppl']:.4f} ({ppl_change:+.2f} % vs dense {dense['ppl']:.4f}), next-token acc "
+        f"{s['next_acc']:.4f} ({(s['next_acc'] - dense['next_acc']) * 100:+.2f} pts), top-1 vs dense "
+        f"{s['top1']:.4f} (past {TAIL_FROM}: {s['top1_tail']:.4f}), mean KL {s['kl']:.3g}, max KL "
+        f"{s['kl_max']:.3g}, density {s['density']:.3f}, declined {s['declined']:.0f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True)
@@ -172,8 +298,9 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument(
         "--configs", type=parse_config, nargs="+",
-        default=[(SparseSettings.scorer, f"{SparseSettings.threshold},{SparseSettings.mass}")],
-        help="scorer:value pairs: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items()),
+        default=[parse_config(f"{SparseSettings.scorer}:{SparseSettings.threshold},{SparseSettings.mass}")],
+        help="SCORER:VALUE[@OPT,...]: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
+        + "; OPT: q (per query head), bN (block size), layer (oracle: per-layer mass)",
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
     parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)
@@ -182,6 +309,10 @@ def main() -> None:
     parser.add_argument(
         "--shared", action="store_true", help="select at the first sparse layer only, share it"
     )
+    parser.add_argument(
+        "--max-density", type=float, default=1.0,
+        help="the serving policy's decline: a first sparse layout denser than this runs the forward dense",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--device",
@@ -192,10 +323,12 @@ def main() -> None:
     parser.add_argument(
         "--emulate", action="store_true", help="on cuda too: fp32 model, exact chunked attention"
     )
+    parser.add_argument("--tf32", action="store_true", help="TF32 matmuls (emulated attention at 128K)")
     a = parser.parse_args()
 
     from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
     tokenizer = AutoTokenizer.from_pretrained(a.model_dir)
     emulate = a.emulate or a.device == "cpu"
     model = AutoModelForCausalLM.from_pretrained(
@@ -206,52 +339,56 @@ def main() -> None:
     if emulate:
         AttentionInterface.register("prefill_ext_exact", exact_attention)
         dense_attention = "prefill_ext_exact"
-    workspace = None if emulate else torch.empty(128 << 20, dtype=torch.uint8, device=a.device)
+    workspace = None if emulate else torch.empty(256 << 20, dtype=torch.uint8, device=a.device)
     attentions: dict[str, SparseAttention] = {}
-    for scorer, value in a.configs:
-        if scorer == "oracle" and not emulate:
+    for config in a.configs:
+        if config.scorer == "oracle" and not emulate:
             parser.error("oracle:MASS needs --emulate (it reads the exact attention)")
-        settings = SparseSettings(
-            block_size=a.block_size,
-            scorer="sampled" if scorer == "oracle" else scorer,
-            samples=a.samples,
-            local_blocks=a.local_blocks,
-            **knobs(scorer, value),
-        )
+        settings = config.settings(a.block_size, a.samples, a.local_blocks)
         sparse = SparsePrefill(settings, None if emulate else BlockSparsePrefill(workspace))
-        attentions[f"{scorer}:{value}"] = SparseAttention(
-            sparse, a.dense_layers, a.block_size, not a.shared, emulate, oracle=scorer == "oracle"
+        oracle = Oracle(per_layer=config.layer_mass) if config.scorer == "oracle" else None
+        attentions[config.text] = SparseAttention(
+            sparse, a.dense_layers, not a.shared, emulate, oracle=oracle, max_density=a.max_density
         )
     ids = corpus_ids(tokenizer, a.prompts * a.length)
+    dense_rows: list[dict[str, float]] = []
     per_config: dict[str, list[dict[str, float]]] = {c: [] for c in attentions}
     for i in range(a.prompts):
         tokens = torch.tensor([ids[i * a.length : (i + 1) * a.length]], device=a.device)
+        scores = TextScores(model.lm_head, tokens[0])
         with torch.no_grad():
             model.set_attn_implementation(dense_attention)
-            dense = model(tokens).logits[0].float()
+            dense = final_hidden(model, tokens)
+            dense_rows.append(scores.score(dense))
             for n, (name, attention) in enumerate(attentions.items()):
                 AttentionInterface.register(f"prefill_ext_sparse_{n}", attention)
                 model.set_attn_implementation(f"prefill_ext_sparse_{n}")
-                per_config[name].append(compare_logits(dense, model(tokens).logits[0].float()))
+                row = scores.score(final_hidden(model, tokens), dense)
+                row["declined"] = float(attention.declined)
+                per_config[name].append(row)
+        print(f"prompt {i + 1}/{a.prompts} done", flush=True)
+    dense_summary = {k: statistics.mean(r[k] for r in dense_rows) for k in dense_rows[0]}
+    print(
+        f"dense: ppl {dense_summary['ppl']:.4f} (past {TAIL_FROM}: {dense_summary['ppl_tail']:.4f}), "
+        f"next-token acc {dense_summary['next_acc']:.4f}",
+        flush=True,
+    )
     summaries = []
     for name, rows in per_config.items():
         summary = {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
         summary["kl_max"] = max(r["kl_max"] for r in rows)
+        summary["declined"] = sum(r["declined"] for r in rows)
         summary.update(density_summary(attentions[name].densities))
         summaries.append(dict(config=name, **summary))
-        print(
-            f"{name}: top-1 agreement {summary['top1']:.4f} (past {TAIL_FROM}: "
-            f"{summary['top1_tail']:.4f}), mean KL {summary['kl']:.3g} (past {TAIL_FROM}: "
-            f"{summary['kl_tail']:.3g}), max KL {summary['kl_max']:.3g}, density {summary['density']:.3f}",
-            flush=True,
-        )
+        print(report_line(name, summary, dense_summary), flush=True)
     info = dict(
         model=a.model_dir, length=a.length, prompts=a.prompts, dense_layers=a.dense_layers,
-        block_size=a.block_size, samples=a.samples, local_blocks=a.local_blocks,
+        block_size=a.block_size, samples=a.samples, local_blocks=a.local_blocks, tf32=a.tf32,
+        max_density=a.max_density, dense=dense_summary,
         selection="shared (first sparse layer)" if a.shared else "per layer", configs=summaries,
         device=(torch.cuda.get_device_name() if a.device == "cuda" else "cpu")
         + (" (fp32, emulated: exact chunked attention)" if emulate else " (bf16, FlashInfer block-sparse)"),
-        per_prompt=per_config,
+        per_prompt=dict(dense=dense_rows, **per_config),
     )  # fmt: skip
     if a.json:
         a.json.write_text(json.dumps(info, indent=1))

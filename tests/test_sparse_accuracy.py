@@ -20,6 +20,7 @@ def bench() -> ModuleType:
     sys.path.insert(0, str(BENCH))  # the script imports its sibling real_text
     spec = importlib.util.spec_from_file_location("sparse_accuracy", BENCH / "sparse_accuracy.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their module by name
     spec.loader.exec_module(module)
     return module
 
@@ -59,10 +60,69 @@ def test_every_block_kept_gives_dense_logits(bench: ModuleType, model) -> None:
     tokens = torch.randint(0, 128, (1, LENGTH))
     dense = _logits(model, tokens, "test_exact", bench.exact_attention)
     settings = SparseSettings(block_size=BLOCK, scorer="pooled", threshold=0.0)
-    attention = bench.SparseAttention(SparsePrefill(settings, None), 1, BLOCK, per_layer=True, emulate=True)
+    attention = bench.SparseAttention(SparsePrefill(settings, None), 1, per_layer=True, emulate=True)
     sparse = _logits(model, tokens, "test_sparse", attention)
     torch.testing.assert_close(sparse, dense, atol=1e-5, rtol=1e-5)
     summary = bench.density_summary(attention.densities)
     assert summary["density"] == 1.0
     assert sorted(summary["density_per_head"]) == [1, 2, 3]
     assert all(heads == [1.0, 1.0] for heads in summary["density_per_head"].values())
+
+
+@pytest.mark.parametrize("spec", ["oracle:1@q", "oracle:1@layer", "oracle:1@q,layer,b64", "pooled:0@q"])
+def test_every_block_kept_per_query_head_and_per_layer_gives_dense_logits(
+    bench: ModuleType, model, spec: str
+) -> None:
+    """A whole-mass oracle (per query block or per layer, per KV or query head) and a zero threshold
+    per query head keep every causal block: the emulated forward is dense, one density per query head."""
+    from sglang_prefill_ext.ops import SparsePrefill
+
+    config = bench.parse_config(spec)
+    tokens = torch.randint(0, 128, (1, LENGTH))
+    dense = _logits(model, tokens, "test_exact", bench.exact_attention)
+    oracle = bench.Oracle(config.layer_mass) if config.scorer == "oracle" else None
+    settings = config.settings(BLOCK, 2, 4)
+    attention = bench.SparseAttention(SparsePrefill(settings, None), 1, True, True, oracle=oracle)
+    torch.testing.assert_close(_logits(model, tokens, f"test_{spec}", attention), dense, atol=1e-5, rtol=1e-5)
+    heads = bench.density_summary(attention.densities)["density_per_head"]
+    assert all(h == [1.0] * (6 if config.per_query_head else 2) for h in heads.values())
+
+
+def test_oracle_below_whole_mass_keeps_fewer_blocks(bench: ModuleType, model) -> None:
+    """The per-layer rule at the same mass never keeps more pairs than it needs: its density at 0.5 is
+    below 1 and the forward differs from dense."""
+    from sglang_prefill_ext.ops import SparsePrefill
+
+    tokens = torch.randint(0, 128, (1, LENGTH))
+    for spec in ("oracle:0.5", "oracle:0.5@layer", "oracle:0.5@q"):
+        config = bench.parse_config(spec)
+        settings = config.settings(BLOCK, 2, 0)
+        attention = bench.SparseAttention(
+            SparsePrefill(settings, None), 1, True, True, oracle=bench.Oracle(config.layer_mass)
+        )
+        _logits(model, tokens, f"test_{spec}", attention)
+        assert bench.density_summary(attention.densities)["density"] < 1.0
+
+
+def test_text_scores_match_the_models_own_loss(bench: ModuleType, model) -> None:
+    """Perplexity from chunked final hidden states equals exp(cross-entropy) of the full logits, and
+    a forward compared with itself agrees everywhere with zero KL."""
+    tokens = torch.randint(0, 128, (1, LENGTH))
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        loss = model(tokens, labels=tokens).loss
+        hidden = bench.final_hidden(model, tokens)
+        scores = bench.TextScores(model.lm_head, tokens[0])
+        row = scores.score(hidden, hidden)
+    assert row["ppl"] == pytest.approx(float(loss.exp()), rel=1e-4)
+    assert row["top1"] == 1.0 and row["kl"] == pytest.approx(0.0, abs=1e-6)
+    logits = model.lm_head(hidden[:-1])
+    assert row["next_acc"] == pytest.approx(float((logits.argmax(-1) == tokens[0, 1:]).float().mean()))
+
+
+@pytest.mark.parametrize("bad", ["oracle", "hybrid:0.1", "oracle:0.9@x", "pooled:0.1@layer", "nope:1"])
+def test_malformed_configs_are_refused(bench: ModuleType, bad: str) -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench.parse_config(bad)

@@ -1,9 +1,11 @@
 """Kept-block mask -> FlashInfer paged-prefill indices, built on the GPU.
 
-Every (KV head h, row block r) becomes one FlashInfer "request" with the G query heads of h as its
-query heads and one KV head: its query rows are rows h*N + row_q_start[r] .. of the head-major query
-tensor [Hkv*N, G, D], and its KV "pages" are single tokens of a single head, i.e. the KV pool
-[T, Hkv, D] viewed without a copy as [T*Hkv, 1, 1, D], page index = loc*Hkv + h. The kept blocks of
+Every (mask head h, row block r) becomes one FlashInfer "request" with the query heads h serves as
+its query heads and one KV head: its query rows are rows h*N + row_q_start[r] .. of the head-major
+query tensor [Hm*N, Hq/Hm, D], and its KV "pages" are single tokens of a single head, i.e. the KV pool
+[T, Hkv, D] viewed without a copy as [T*Hkv, 1, 1, D], page index = loc*Hkv + KV head of h. A mask
+per KV head (Hm = Hkv) lets a KV head's G query heads share one layout; a mask per query head
+(Hm = Hq) gives each its own, one query head per segment reading its KV head's pages. The kept blocks of
 the row are listed in increasing order (the diagonal last; see layout.py), each expanded to its
 tokens' page indices. The one device->host copy is kv_indptr ([Hkv*R + 1] ints), which FlashInfer's
 planner needs on the host anyway.
@@ -30,10 +32,6 @@ class PlanIndices:
     @property
     def num_segments(self) -> int:
         return self.qo_indptr.numel() - 1
-
-    @property
-    def num_kv_tokens(self) -> int:
-        return int(self.kv_indptr[-1])
 
 
 def one_segment_indices(device: torch.device | str) -> PlanIndices:
@@ -98,13 +96,17 @@ def expand_blocks_reference(runs: BlockRuns) -> torch.Tensor:
     return (runs.locs[pos] * runs.num_kv_heads + heads).to(torch.int32)
 
 
-def build_plan_indices(mask: torch.Tensor, layout: BlockLayout, locs: torch.Tensor) -> PlanIndices:
-    """Indices for `BlockSparsePrefill.plan` from a kept-block mask [Hkv, R, C] and the context's KV slots."""
-    num_kv_heads, num_rows, _ = mask.shape
+def build_plan_indices(
+    mask: torch.Tensor, layout: BlockLayout, locs: torch.Tensor, num_kv_heads: int | None = None
+) -> PlanIndices:
+    """Indices for `BlockSparsePrefill.plan` from a kept-block mask [Hm, R, C] (per KV head, or per query
+    head: Hm a multiple of the pool's `num_kv_heads`, default Hm) and the context's KV slots."""
+    num_mask_heads, num_rows, _ = mask.shape
+    num_kv_heads = num_kv_heads or num_mask_heads
     head, row, col = mask.nonzero(as_tuple=True)  # sorted by (head, row, col): the plan's order
     key = layout.req_key_offset[layout.row_req[row].long()].long() + col
     length = layout.key_len[key].long()
-    counts = torch.zeros(num_kv_heads * num_rows, dtype=torch.int64, device=mask.device)
+    counts = torch.zeros(num_mask_heads * num_rows, dtype=torch.int64, device=mask.device)
     counts.index_add_(0, head * num_rows + row, length)
     kv_indptr = torch.zeros(counts.numel() + 1, dtype=torch.int32)
     kv_indptr[1:] = torch.cumsum(counts, 0).cpu()
@@ -115,7 +117,7 @@ def build_plan_indices(mask: torch.Tensor, layout: BlockLayout, locs: torch.Tens
         layout.key_tok_start[key],
         length,
         torch.cumsum(length, 0) - length,
-        head,
+        head // (num_mask_heads // num_kv_heads),
         num_kv_heads,
         total,
         layout.block_size,
@@ -123,5 +125,5 @@ def build_plan_indices(mask: torch.Tensor, layout: BlockLayout, locs: torch.Tens
     kv_indices = expand(runs)
     n = layout.num_tokens
     starts = layout.row_q_start_host.long()
-    qo = torch.cat([h * n + starts for h in range(num_kv_heads)] + [torch.tensor([num_kv_heads * n])])
+    qo = torch.cat([h * n + starts for h in range(num_mask_heads)] + [torch.tensor([num_mask_heads * n])])
     return PlanIndices(qo.to(torch.int32), kv_indptr, kv_indices)

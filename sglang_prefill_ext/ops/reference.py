@@ -16,7 +16,7 @@ def _causal_scores(
     q: torch.Tensor, k: torch.Tensor, sm_scale: float, keep: torch.Tensor | None, block_size: int, chunk: int
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(start, end, scaled scores [Hkv, G, end - start, end]) of each chunk of query rows over the keys
-    it may see (causal, and in a block `keep` keeps), -inf elsewhere; fp32."""
+    it may see (causal, and in a block `keep` [Hkv or Hq, R, C] keeps), -inf elsewhere; fp32."""
     length, num_qo_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_qo_heads // num_kv_heads
@@ -29,7 +29,9 @@ def _causal_scores(
         allowed = (pos[None, :end] <= pos[start:end, None])[None]  # [1, n, end]
         if keep is not None:
             allowed = allowed & keep[:, pos[start:end] // block_size][:, :, pos[:end] // block_size]
-        yield start, end, s.masked_fill(~allowed[:, None], float("-inf"))
+        outer = min(allowed.shape[0], num_kv_heads)  # 1 (no keep), Hkv or, per query head, Hkv x G
+        allowed = allowed.view(outer, allowed.shape[0] // outer, *allowed.shape[1:])
+        yield start, end, s.masked_fill(~allowed, float("-inf"))
 
 
 def block_sparse_attention(
@@ -42,7 +44,8 @@ def block_sparse_attention(
     chunk: int = 1024,
 ) -> torch.Tensor:
     """Causal attention of q [L, Hq, D] over k, v [L, Hkv, D] restricted to the key blocks `keep`
-    [Hkv, R, C] keeps (None: every causal key): [L, Hq, D] fp32. Peak memory ~ Hq x `chunk` x L floats."""
+    [Hkv or Hq, R, C] keeps (None: every causal key): [L, Hq, D] fp32. Peak memory ~ Hq x `chunk` x L
+    floats."""
     length, num_qo_heads, head_dim = q.shape
     values = v.float().transpose(0, 1)[:, None]
     out = torch.empty(length, num_qo_heads, head_dim, dtype=torch.float32, device=q.device)
@@ -53,16 +56,24 @@ def block_sparse_attention(
 
 
 def exact_block_mass(
-    q: torch.Tensor, k: torch.Tensor, sm_scale: float, block_size: int = 128, chunk: int = 1024
+    q: torch.Tensor,
+    k: torch.Tensor,
+    sm_scale: float,
+    block_size: int = 128,
+    chunk: int = 1024,
+    per_query_head: bool = False,
 ) -> torch.Tensor:
     """The exact causal attention each (query block, key block) pair holds, summed over the block's
-    queries and a KV head's query heads: fp32 [Hkv, R, C] (each row sums to rows x group). What an
-    oracle selection ranks blocks by; `chunk` a multiple of `block_size`."""
-    length = q.shape[0]
+    queries and a KV head's query heads: fp32 [Hkv, R, C] (each row sums to rows x group), or per query
+    head ([Hq, R, C], rows summing to rows). What an oracle selection ranks blocks by; `chunk` a multiple
+    of `block_size`."""
+    length, num_qo_heads, _ = q.shape
     num_blocks = -(-length // block_size)
-    mass = torch.zeros(k.shape[1], num_blocks, num_blocks, dtype=torch.float32, device=q.device)
+    heads = num_qo_heads if per_query_head else k.shape[1]
+    mass = torch.zeros(heads, num_blocks, num_blocks, dtype=torch.float32, device=q.device)
     for start, end, s in _causal_scores(q, k, sm_scale, None, block_size, chunk):
-        p = torch.softmax(s, -1).sum(1)  # [Hkv, n, end]
+        p = torch.softmax(s, -1)  # [Hkv, G, n, end]
+        p = p.flatten(0, 1) if per_query_head else p.sum(1)
         cols = torch.arange(end, device=q.device) // block_size
         by_key = torch.zeros(*p.shape[:2], num_blocks, device=q.device).index_add_(-1, cols, p)
         rows = torch.arange(start, end, device=q.device) // block_size

@@ -182,6 +182,7 @@ def block_mass_triton(
     tile_rows: int = 128,
     chunk_cols: int = 32,
     num_warps: int = 8,
+    per_query_head: bool = False,
 ) -> torch.Tensor:
     """`geometry` from `sample_geometry` (built here with `tile_rows` when not given); `chunk_cols`
     key blocks per program (launch tuning only)."""
@@ -193,7 +194,8 @@ def block_mass_triton(
         geometry = sample_geometry(layout, samples, group, tile_rows)
     slots, tiles = geometry.slots, geometry.tiles
     if num_rows == 0:
-        return torch.zeros(num_kv_heads, 0, num_cols, dtype=torch.float32, device=q.device)
+        heads = num_qo_heads if per_query_head else num_kv_heads
+        return torch.zeros(heads, 0, num_cols, dtype=torch.float32, device=q.device)
     assert k_buffer.is_contiguous() and q.stride(-1) == 1 and layout.block_size <= 256
     lse = torch.full(
         (num_kv_heads, num_rows, num_cols, slots), _FLOOR.value, dtype=torch.float32, device=q.device
@@ -228,7 +230,11 @@ def block_mass_triton(
         num_warps=num_warps,
     )
     lse = lse[..., : samples * group]
-    return torch.exp(lse - lse.logsumexp(2, keepdim=True)).mean(3)
+    mass = torch.exp(lse - lse.logsumexp(2, keepdim=True))  # [Hkv, R, C, samples x group]
+    if not per_query_head:
+        return mass.mean(3)
+    mass = mass.view(num_kv_heads, num_rows, num_cols, samples, group).mean(3)
+    return mass.permute(0, 3, 1, 2).reshape(num_qo_heads, num_rows, num_cols)
 
 
 def block_mass_reference(
@@ -238,14 +244,14 @@ def block_mass_reference(
     layout: BlockLayout,
     samples: int,
     sm_scale: float,
+    per_query_head: bool = False,
 ) -> torch.Tensor:
     """The same mass with dense torch softmax, one request at a time (float32)."""
     num_kv_heads = k_buffer.shape[1]
     group = q.shape[1] // num_kv_heads
     bsz = layout.block_size
-    out = torch.zeros(
-        num_kv_heads, layout.num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device
-    )
+    heads = q.shape[1] if per_query_head else num_kv_heads
+    out = torch.zeros(heads, layout.num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device)
     offsets = sample_offsets(layout, samples).long()
     for b in range(layout.req_ctx_len.numel()):
         rows = (layout.row_req == b).nonzero().flatten()
@@ -267,8 +273,8 @@ def block_mass_reference(
             .view(*p.shape[:2], num_cols, bsz)
             .sum(-1)
         )
-        p = p.view(num_kv_heads, group, rows.numel(), samples, num_cols).mean((1, 3))
-        out[:, rows, :num_cols] = p
+        p = p.view(num_kv_heads, group, rows.numel(), samples, num_cols).mean(3)
+        out[:, rows, :num_cols] = p.flatten(0, 1) if per_query_head else p.mean(1)
     return out
 
 
@@ -280,9 +286,13 @@ def block_mass(
     samples: int,
     sm_scale: float,
     geometry: SampleGeometry | None = None,
+    per_query_head: bool = False,
 ) -> torch.Tensor:
-    """Estimated attention mass per (KV head, row block, key block), [Hkv, R, max_key_blocks] float32;
-    `geometry` (the Triton kernel's, see `sample_geometry`) saves rebuilding it per layer."""
+    """Estimated attention mass per (KV head, row block, key block), [Hkv, R, max_key_blocks] float32, or
+    per query head ([Hq, R, C], the group's mean not taken); `geometry` (the Triton kernel's, see
+    `sample_geometry`) saves rebuilding it per layer."""
     if triton_enabled(q):
-        return block_mass_triton(q, k_buffer, locs, layout, samples, sm_scale, geometry)
-    return block_mass_reference(q, k_buffer, locs, layout, samples, sm_scale)
+        return block_mass_triton(
+            q, k_buffer, locs, layout, samples, sm_scale, geometry, per_query_head=per_query_head
+        )
+    return block_mass_reference(q, k_buffer, locs, layout, samples, sm_scale, per_query_head)

@@ -7,7 +7,8 @@ head g is s = sm_scale * mean(q_r) . mean(k_c), exactly the mean logit over the 
 head h the block is kept when any query head of h's group has s >= max_c'(s) + log(threshold) (the
 estimated attention weight is at least `threshold` of the row's best), or a structural rule holds
 (sink, local window incl. the diagonal, last rows); only causal blocks (c <= the row's own block) are
-ever kept. Output: bool [Hkv, R, max_key_blocks].
+ever kept. Output: bool [Hkv, R, max_key_blocks]; with `settings.per_query_head` each query head keeps
+the blocks its own score passes, [Hq, R, max_key_blocks].
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def _select_kernel(
     HEAD_DIM: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PER_QUERY_HEAD: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -77,14 +79,20 @@ def _select_kernel(
         best = tl.maximum(best, tl.max(s, axis=1))
     dense_row = diag >= num_keys - last_blocks
     out_row = out_ptr + (head.to(tl.int64) * num_rows + row) * max_cols
+    q_out_rows = out_ptr + ((head * group + g).to(tl.int64) * num_rows + row) * max_cols
     for c0 in range(0, num_cols, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         c_live = cols < num_cols
         s = _scores(q, kpool_ptr, key_offset, cols, num_cols, num_kv_heads, head, HEAD_DIM)
         passed = ((s - best[:, None]) >= log_threshold) & g_live[:, None]
-        keep = tl.max(passed.to(tl.int32), axis=0) > 0
-        keep = keep | (cols < sink_blocks) | (cols > diag - local_blocks) | (cols == diag) | dense_row
-        tl.store(out_row + cols, (keep & c_live).to(tl.int8), mask=c_live)
+        structural = (cols < sink_blocks) | (cols > diag - local_blocks) | (cols == diag) | dense_row
+        if PER_QUERY_HEAD:
+            keep = passed | structural[None, :]
+            live = g_live[:, None] & c_live[None, :]
+            tl.store(q_out_rows[:, None] + cols[None, :], (keep & live).to(tl.int8), mask=live)
+        else:
+            keep = (tl.max(passed.to(tl.int32), axis=0) > 0) | structural
+            tl.store(out_row + cols, (keep & c_live).to(tl.int8), mask=c_live)
 
 
 def select_blocks_triton(
@@ -100,7 +108,8 @@ def select_blocks_triton(
     num_rows, num_qo_heads, head_dim = qpool.shape
     num_kv_heads = kpool.shape[1]
     group = num_qo_heads // num_kv_heads
-    out = torch.zeros(num_kv_heads, num_rows, layout.max_key_blocks, dtype=torch.int8, device=qpool.device)
+    heads = num_qo_heads if settings.per_query_head else num_kv_heads
+    out = torch.zeros(heads, num_rows, layout.max_key_blocks, dtype=torch.int8, device=qpool.device)
     if num_rows == 0:
         return out.bool()
     _select_kernel[(num_rows, num_kv_heads)](
@@ -124,6 +133,7 @@ def select_blocks_triton(
         HEAD_DIM=head_dim,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         BLOCK_C=block_cols,
+        PER_QUERY_HEAD=settings.per_query_head,
         num_warps=num_warps,
     )
     return out.bool()
@@ -168,13 +178,15 @@ def select_blocks_reference(
     num_qo_heads, num_rows, num_cols = s.shape
     causal = torch.isfinite(s[0])
     best = s.amax(-1, keepdim=True)
-    passed = ((s - best) >= settings.log_threshold).view(num_kv_heads, -1, num_rows, num_cols).any(1)
+    passed = (s - best) >= settings.log_threshold
+    if not settings.per_query_head:
+        passed = passed.view(num_kv_heads, -1, num_rows, num_cols).any(1)
     return (passed & causal[None]) | structural_blocks(layout, settings, s.device)[None]
 
 
 def select_by_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
-    """Per (KV head, row) the fewest key blocks whose estimated mass reaches `settings.mass` (largest
-    first), plus the structural blocks: bool [Hkv, R, C]. `mass` is zero outside causal blocks; a
+    """Per (head, row) the fewest key blocks whose estimated mass reaches `settings.mass` (largest
+    first), plus the structural blocks: bool [H, R, C] (H: the mass's heads, KV or query heads). `mass` is zero outside causal blocks; a
     coverage of 1 keeps every causal block."""
     if settings.mass >= 1.0:
         cols, diag = _columns_and_diagonals(layout, mass.device)

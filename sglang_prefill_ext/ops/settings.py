@@ -18,7 +18,8 @@ class SparseSettings:
     scorer picks it. Scorer "sampled": the block is among the fewest, largest blocks holding `mass` of
     the row's attention as estimated from `samples` exact query rows per block and head (sampled.py).
     Scorer "pooled": its pooled score reaches `threshold` x the row's best for some query head of the
-    KV head's group. Scorer "hybrid": either rule keeps it.
+    KV head's group. Scorer "hybrid": either rule keeps it. With `per_query_head` every query head
+    gets its own blocks (its own sampled mass, its own pooled score) instead of one set per KV head.
     """
 
     block_size: int = 128
@@ -29,6 +30,7 @@ class SparseSettings:
     sink_blocks: int = 1
     local_blocks: int = 4
     last_blocks: int = 1
+    per_query_head: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

@@ -1,9 +1,11 @@
 """One extend batch's sparse attention: select blocks, plan, run — per forward or per layer.
 
-`begin` takes the batch's layout and KV slots once per forward. `forward` of a layer scores that
-layer's queries against the context's keys (sampled rows and/or pooled blocks), selects the kept
-blocks, plans FlashInfer and runs; with `replan=False` a later layer reuses the plan and only runs the
-attention (one selection and one plan per forward).
+`begin` takes the batch's layout and KV slots once per forward. `attend` of a layer is the policy the
+server and the accuracy bench both run: it scores that layer's queries against the context's keys
+(sampled rows and/or pooled blocks), selects the kept blocks (per KV head, or per query head with
+`settings.per_query_head`), plans FlashInfer and runs; with `per_layer=False` a later layer reuses the
+plan and only runs the attention (one selection and one plan per forward); a first layout denser than
+`max_density` is declined (None: the caller's dense attention runs from that layer on).
 """
 
 from __future__ import annotations
@@ -52,7 +54,14 @@ class SparsePrefill:
                 group = q.shape[1] // k_buffer.shape[1]
                 self._geometry = sample_geometry(layout, self.settings.samples, group)
             mass = block_mass(
-                q, k_buffer, self._locs, layout, self.settings.samples, sm_scale, self._geometry
+                q,
+                k_buffer,
+                self._locs,
+                layout,
+                self.settings.samples,
+                sm_scale,
+                self._geometry,
+                per_query_head=self.settings.per_query_head,
             )
             by_mass = select_by_mass(mass, layout, self.settings)
             if scorer == "sampled":
@@ -66,17 +75,25 @@ class SparsePrefill:
         return select_blocks(pool_queries(q, layout), kpool, layout, self.settings, sm_scale)
 
     def plan(
-        self, mask: torch.Tensor, q: torch.Tensor, sm_scale: float, logits_soft_cap: float = 0.0
+        self,
+        mask: torch.Tensor,
+        q: torch.Tensor,
+        sm_scale: float,
+        logits_soft_cap: float = 0.0,
+        num_kv_heads: int | None = None,
     ) -> None:
-        num_kv_heads, _, _ = mask.shape
-        indices = build_plan_indices(mask, self.layout, self._locs)
-        self.attention.plan(indices, q.shape[1], num_kv_heads, q.shape[2], q.dtype, sm_scale, logits_soft_cap)
+        """Plan `mask` [Hm, R, C] (Hm: the pool's `num_kv_heads`, the default, or the query heads)."""
+        num_mask_heads = mask.shape[0]
+        indices = build_plan_indices(mask, self.layout, self._locs, num_kv_heads)
+        self.attention.plan(
+            indices, q.shape[1], num_mask_heads, q.shape[2], q.dtype, sm_scale, logits_soft_cap
+        )
         self.mask = mask
         self.planned = True
 
     def head_densities(self, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Per KV head, kept key blocks of `mask` (default: the last plan's) over the causally allowed
-        ones: [Hkv] fp32."""
+        """Per mask head (KV or query head), kept key blocks of `mask` (default: the last plan's) over the
+        causally allowed ones: [Hm] fp32."""
         mask = self.mask if mask is None else mask
         assert mask is not None, "plan() first"
         return mask.sum((1, 2)) / (self.layout.row_block.long() + 1).sum()
@@ -99,19 +116,27 @@ class SparsePrefill:
         if max_density < 1.0 and self.density(mask) > max_density:
             self.mask = mask
             return False
-        self.plan(mask, q, sm_scale, logits_soft_cap)
+        self.plan(mask, q, sm_scale, logits_soft_cap, num_kv_heads=k_buffer.shape[1])
         return True
 
-    def forward(
+    def attend(
         self,
         q: torch.Tensor,
         k_buffer: torch.Tensor,
         v_buffer: torch.Tensor,
         sm_scale: float,
-        replan: bool,
+        first: bool,
+        per_layer: bool,
+        max_density: float = 1.0,
         logits_soft_cap: float = 0.0,
-    ) -> torch.Tensor:
-        """Attention of q [N, Hq, D] over the batch's context in the KV pool; [N, Hq, D]."""
-        if replan or not self.planned:
-            self.select_and_plan(q, k_buffer, sm_scale, logits_soft_cap)
+    ) -> torch.Tensor | None:
+        """Attention of one layer's q [N, Hq, D] over the batch's context in the KV pool, [N, Hq, D];
+        `first`: the forward's first sparse layer, where a layout keeping more than `max_density` of its
+        causal blocks declines the batch (None)."""
+        if per_layer or not self.planned:
+            planned = self.select_and_plan(
+                q, k_buffer, sm_scale, logits_soft_cap, max_density=max_density if first else 1.0
+            )
+            if not planned:
+                return None
         return self.attention.run(q, k_buffer, v_buffer)

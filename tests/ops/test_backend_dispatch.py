@@ -167,7 +167,7 @@ def test_the_first_sparse_layer_alone_may_decline() -> None:
     batch = _batch(seq_lens=(3000,))
     path.begin(batch)
     planned = []
-    path.sparse.plan = lambda mask, *args: planned.append(float(mask.float().mean()))
+    path.sparse.plan = lambda mask, *args, **kwargs: planned.append(float(mask.float().mean()))
     path.sparse.attention.run = lambda q, k_buffer, v_buffer: torch.zeros_like(q)
     q = torch.randn(3000, HEADS * HEAD_DIM).bfloat16()
     k = torch.randn(3000, KV_HEADS, HEAD_DIM).bfloat16()

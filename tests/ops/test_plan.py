@@ -82,15 +82,24 @@ CHUNK_CASES = [([0], [100]), ([0, 0, 0], [33, 80, 16]), ([37, 0, 64], [29, 50, 4
 @pytest.mark.parametrize("page", [1, 16])
 @pytest.mark.parametrize("heads", [(8, 2), (7, 1)])
 @pytest.mark.parametrize("density", [1.0, 0.3])
+@pytest.mark.parametrize("per_query_head", [False, True])
 def test_emulated_sparse_prefill_equals_masked_dense_attention(
-    prefix: list[int], extend: list[int], page: int, heads: tuple[int, int], density: float
+    prefix: list[int],
+    extend: list[int],
+    page: int,
+    heads: tuple[int, int],
+    density: float,
+    per_query_head: bool,
 ) -> None:
+    """A mask per KV head (shared by its query heads) or per query head (each its own blocks, reading its
+    KV head's pages)."""
     pool, layout, locs, q = _setup(prefix, extend, page, heads)
-    mask = _random_mask(layout, heads[1], density)
-    indices = build_plan_indices(mask, layout, locs)
-    out = emulate_paged_prefill(to_head_major(q, heads[1]), pool.k, pool.v, indices)
-    out = to_token_major(out, heads[1])
-    group = heads[0] // heads[1]
+    mask_heads = heads[0] if per_query_head else heads[1]
+    mask = _random_mask(layout, mask_heads, density)
+    indices = build_plan_indices(mask, layout, locs, heads[1])
+    out = emulate_paged_prefill(to_head_major(q, mask_heads), pool.k, pool.v, indices)
+    out = to_token_major(out, mask_heads)
+    group = heads[0] // mask_heads
     offset = 0
     for b, (p, n) in enumerate(zip(prefix, extend, strict=True)):
         k, v = request_kv(pool, b, p + n)

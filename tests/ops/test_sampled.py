@@ -40,6 +40,15 @@ def test_triton_mass_matches_reference(
     got = block_mass_triton(q, k_buffer, locs, layout, samples, head_dim**-0.5, chunk_cols=chunk_cols)
     want = block_mass_reference(q, k_buffer, locs, layout, samples, head_dim**-0.5)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    per_q = block_mass_triton(
+        q, k_buffer, locs, layout, samples, head_dim**-0.5, chunk_cols=chunk_cols, per_query_head=True
+    )
+    torch.testing.assert_close(
+        per_q, block_mass_reference(q, k_buffer, locs, layout, samples, head_dim**-0.5, per_query_head=True),
+        atol=2e-5, rtol=1e-4,
+    )  # fmt: skip
+    # a KV head's mass is the mean of its query heads'
+    torch.testing.assert_close(per_q.view(heads[1], -1, *per_q.shape[1:]).mean(1), got, atol=1e-6, rtol=1e-5)
 
 
 def test_mass_rows_sum_to_one_and_vanish_after_the_diagonal() -> None:

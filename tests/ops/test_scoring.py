@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -34,17 +36,38 @@ def _assert_same_up_to_ties(got: torch.Tensor, want: torch.Tensor, margin: torch
 
 @pytest.mark.parametrize(("heads", "head_dim"), [((8, 2), 64), ((7, 1), 32), ((4, 4), 128)])
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.9, 1.0])
-def test_triton_selection_matches_reference(heads: tuple[int, int], head_dim: int, threshold: float) -> None:
+@pytest.mark.parametrize("per_query_head", [False, True])
+def test_triton_selection_matches_reference(
+    heads: tuple[int, int], head_dim: int, threshold: float, per_query_head: bool
+) -> None:
     layout, qpool, kpool = _pooled(heads, head_dim, [0, 37, 200], [90, 29, 40])
     settings = SparseSettings(
-        block_size=BLOCK, threshold=threshold, sink_blocks=1, local_blocks=2, last_blocks=1
+        block_size=BLOCK,
+        threshold=threshold,
+        sink_blocks=1,
+        local_blocks=2,
+        last_blocks=1,
+        per_query_head=per_query_head,
     )
     got = select_blocks_triton(qpool, kpool, layout, settings, 0.3)
     want = select_blocks_reference(qpool, kpool, layout, settings, 0.3)
+    assert got.shape[0] == (heads[0] if per_query_head else heads[1])
     s = block_scores_reference(qpool, kpool, layout, 0.3)
     gap = (s - s.amax(-1, keepdim=True) - settings.log_threshold).abs()
-    margin = gap.view(heads[1], -1, *gap.shape[1:]).amin(1).nan_to_num(1.0)
-    _assert_same_up_to_ties(got, want, margin)
+    margin = gap if per_query_head else gap.view(heads[1], -1, *gap.shape[1:]).amin(1)
+    _assert_same_up_to_ties(got, want, margin.nan_to_num(1.0))
+
+
+def test_a_kv_heads_blocks_are_the_union_of_its_query_heads() -> None:
+    """Per KV head, the pooled rule keeps a block when any query head of the group passes: exactly the
+    union of the per-query-head masks."""
+    heads = (8, 2)
+    layout, qpool, kpool = _pooled(heads, 32, [0, 37], [90, 60])
+    base = SparseSettings(block_size=BLOCK, threshold=0.2, sink_blocks=0, local_blocks=1, last_blocks=0)
+    per_q = select_blocks_reference(qpool, kpool, layout, dataclasses.replace(base, per_query_head=True), 0.3)
+    per_kv = select_blocks_reference(qpool, kpool, layout, base, 0.3)
+    assert torch.equal(per_kv, per_q.view(heads[1], -1, *per_q.shape[1:]).any(1))
+    assert int(per_q.sum()) < int(per_kv.repeat_interleave(4, 0).sum())
 
 
 def test_threshold_zero_keeps_every_causal_block_and_nothing_after_the_diagonal() -> None:

@@ -32,7 +32,7 @@ def _run_chunk(
 ) -> torch.Tensor:
     layout = BlockLayout.build(prefix, extend, sparse.settings.block_size, DEVICE)
     sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
-    return sparse.forward(q, pool.k, pool.v, q.shape[-1] ** -0.5, replan=True)
+    return sparse.attend(q, pool.k, pool.v, q.shape[-1] ** -0.5, first=True, per_layer=True)
 
 
 SCENARIOS = {
@@ -45,6 +45,7 @@ KEEP_ALL = {
     "hybrid": SparseSettings(scorer="hybrid", threshold=0.0, mass=1.0),
     "pooled": SparseSettings(scorer="pooled", threshold=0.0),
     "sampled": SparseSettings(scorer="sampled", mass=1.0),
+    "hybrid_per_query_head": SparseSettings(scorer="hybrid", threshold=0.0, mass=1.0, per_query_head=True),
 }
 
 
@@ -176,3 +177,48 @@ def test_direct_plan_runs_exactly_what_flashinfers_public_plan_runs() -> None:
             attention.plan(indices, heads[0], heads[1], head_dim, q.dtype, head_dim**-0.5, fast=fast)
             outs.append(attention.run(q, pool.k, pool.v))
         assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize(("heads", "head_dim"), [((12, 2), 128), ((32, 8), 128), ((28, 4), 64)])
+@pytest.mark.parametrize("per_query_head", [False, True])
+def test_random_masks_run_what_an_fp32_masked_reference_computes(
+    heads: tuple[int, int], head_dim: int, per_query_head: bool
+) -> None:
+    """FlashInfer over a random kept-block mask per KV head or per query head (each query head its own
+    blocks, one query head per segment reading its KV head's pages), with a cached prefix, against fp32
+    attention restricted to the same blocks."""
+    from kvpool import causal_attention, token_keep_mask
+
+    from sglang_prefill_ext.ops.plan import build_plan_indices
+
+    prefix, extend = [2000, 0], [1500, 700]
+    mask_heads = heads[0] if per_query_head else heads[1]
+    pool = make_pool(
+        [p + n for p, n in zip(prefix, extend, strict=True)], 1, heads[1], head_dim, device=DEVICE
+    )
+    sparse = _sparse(SparseSettings())
+    layout = BlockLayout.build(prefix, extend, 128, DEVICE)
+    sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
+    cols = torch.arange(layout.max_key_blocks, device=DEVICE)[None, :]
+    diag = layout.row_block.long()[:, None]
+    rand = torch.rand(mask_heads, layout.num_rows, layout.max_key_blocks, device=DEVICE) < 0.3
+    mask = (rand | (cols == diag)) & (cols <= diag)
+    assert (
+        build_plan_indices(mask, layout, sparse._locs, heads[1]).num_segments == mask_heads * layout.num_rows
+    )
+    q = torch.randn(layout.num_tokens, heads[0], head_dim, device=DEVICE).bfloat16()
+    sparse.plan(mask, q, head_dim**-0.5, num_kv_heads=heads[1])
+    out = sparse.attention.run(q, pool.k, pool.v)
+    group = heads[0] // mask_heads
+    offset = 0
+    for b, (p, n) in enumerate(zip(prefix, extend, strict=True)):
+        k, v = request_kv(pool, b, p + n)
+        rows = (layout.row_req == b).nonzero().flatten()
+        keep = token_keep_mask(
+            mask[:, rows].cpu(), layout.row_block[rows].cpu(), torch.arange(p, p + n), p + n, 128
+        )
+        want = causal_attention(
+            q[offset : offset + n].cpu(), k.cpu(), v.cpu(), keep.repeat_interleave(group, 1)
+        )
+        torch.testing.assert_close(out[offset : offset + n].float().cpu(), want, atol=5e-3, rtol=2e-2)
+        offset += n

@@ -90,26 +90,25 @@ class SparseExtend(ExtendPath):
         """Block-sparse attention of one layer; None when the first sparse layer's layout keeps more than
         `sparse_max_density` of its causal blocks."""
         config = self._config
-        per_layer = config.sparse_per_layer
         first = layer.layer_id == self._first_layer
-        if per_layer or not self.sparse.planned:
-            planned = self.sparse.select_and_plan(
-                q,
-                k_buffer,
-                layer.scaling,
-                logits_soft_cap=layer.logit_cap,
-                max_density=config.sparse_max_density if first else 1.0,
+        out = self.sparse.attend(
+            q,
+            k_buffer,
+            v_buffer,
+            layer.scaling,
+            first=first,
+            per_layer=config.sparse_per_layer,
+            max_density=config.sparse_max_density,
+            logits_soft_cap=layer.logit_cap,
+        )
+        if first and logger.isEnabledFor(logging.INFO):
+            layout = self.sparse.layout
+            logger.info(
+                "prefill-ext sparse: %d requests, %d new tokens, %d key blocks, density %.3f%s",
+                layout.req_ctx_len.numel(),
+                layout.num_tokens,
+                layout.num_key_blocks,
+                self.sparse.density(),
+                "" if out is not None else " > --prefill-ext-sparse-max-density: the backend's dense prefill",
             )
-            if first and logger.isEnabledFor(logging.INFO):
-                layout = self.sparse.layout
-                logger.info(
-                    "prefill-ext sparse: %d requests, %d new tokens, %d key blocks, density %.3f%s",
-                    layout.req_ctx_len.numel(),
-                    layout.num_tokens,
-                    layout.num_key_blocks,
-                    self.sparse.density(),
-                    "" if planned else " > --prefill-ext-sparse-max-density: the backend's dense prefill",
-                )
-            if not planned:
-                return None
-        return self.sparse.attention.run(q, k_buffer, v_buffer)
+        return out
