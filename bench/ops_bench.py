@@ -328,7 +328,13 @@ def main() -> None:
         "--backends", nargs="+", default=["auto", "fa2"],
         help="FlashInfer backends of the sparse kernel: the first runs the scored rows, all run the random-mask rows",
     )  # fmt: skip
+    parser.add_argument(
+        "--heads", type=int, nargs=2, default=[HQ, HKV], metavar=("HQ", "HKV"),
+        help="query and KV heads (default the 8B shape; Qwen2.5-Coder-1.5B: 12 2)",
+    )  # fmt: skip
     args = parser.parse_args()
+    global HQ, HKV
+    HQ, HKV = args.heads
     torch.manual_seed(0)
     workspace = torch.empty(512 << 20, dtype=torch.uint8, device=DEV)
     ceiling = matmul_ceiling()
@@ -339,8 +345,9 @@ def main() -> None:
         torch.cuda.empty_cache()
     rows += bench_chunk(max(args.lens), args.chunk, workspace, ceiling)
     info = dict(
-        device=torch.cuda.get_device_name(), torch=torch.__version__, ceiling_tflops=ceiling, rows=rows
-    )
+        device=torch.cuda.get_device_name(), torch=torch.__version__, ceiling_tflops=ceiling, heads=[HQ, HKV],
+        rows=rows,
+    )  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(info, indent=1))
     print(table(rows, ceiling))

@@ -105,6 +105,11 @@ class PrefillExtConfig:
         SPARSE.last_blocks,
         "The last N query blocks of each request's extend attend densely (e.g. the question at the end).",
     )
+    sparse_per_query_head: bool = _option(
+        SPARSE.per_query_head,
+        "Select key blocks per query head (each query head its own sampled mass and pooled score, one query "
+        "head per FlashInfer segment) instead of one set per KV head shared by its query heads.",
+    )
     sparse_per_layer: bool = _option(
         True,
         "Score and plan in every sparse layer (on SmolLM2 a layout shared by all layers keeps less of the "

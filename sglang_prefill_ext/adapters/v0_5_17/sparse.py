@@ -51,6 +51,7 @@ def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
         sink_blocks=config.sparse_sink_blocks,
         local_blocks=config.sparse_local_blocks,
         last_blocks=config.sparse_last_blocks,
+        per_query_head=config.sparse_per_query_head,
     )
 
 
