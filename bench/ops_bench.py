@@ -320,6 +320,7 @@ def table(rows: list[dict], ceiling: float) -> str:
 
 
 def main() -> None:
+    global HQ, HKV
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lens", type=int, nargs="+", default=[8192, 32768, 65536, 131072])
     parser.add_argument("--chunk", type=int, default=8192)
@@ -333,7 +334,6 @@ def main() -> None:
         help="query and KV heads (default the 8B shape; Qwen2.5-Coder-1.5B: 12 2)",
     )  # fmt: skip
     args = parser.parse_args()
-    global HQ, HKV
     HQ, HKV = args.heads
     torch.manual_seed(0)
     workspace = torch.empty(512 << 20, dtype=torch.uint8, device=DEV)

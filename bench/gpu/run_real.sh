@@ -82,7 +82,7 @@ if [ ! -f "$HF/config.json" ]; then
   gguf=$(ls "/tmp/$REAL_MODEL-gguf"/*.gguf)
   if [ "$REAL_MODEL" = qwen-coder ]; then
     # the host's transformers (the wheelhouse's 5.12.1 is untested on this GGUF) with the wheelhouse's gguf
-    mkdir -p /tmp/gguf-only && ln -sfn "$SITE/gguf" /tmp/gguf-only/gguf
+    mkdir -p /tmp/gguf-only && ln -sfn "$SITE/gguf" "$SITE"/gguf-*.dist-info /tmp/gguf-only/
     PYTHONPATH=/tmp/gguf-only $PY scripts/models/model_parts.py convert --gguf "$gguf" --out "$HF" --check || exit 2
   else
     $PY scripts/models/model_parts.py convert --gguf "$gguf" --out "$HF" || exit 2

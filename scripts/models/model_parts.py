@@ -174,6 +174,7 @@ def cmd_convert(a: argparse.Namespace) -> int:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config.pop("quantization_config", None)
+    config["architectures"] = [type(model).__name__]  # a GGUF-loaded config has none; SGLang needs it
     config["torch_dtype"] = a.dtype
     (out / "config.json").write_text(json.dumps(config, indent=1))
     tok.save_pretrained(out)

@@ -25,10 +25,12 @@ def to_head_major(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 
 
 def to_token_major(o: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """Inverse of `to_head_major`: [Hkv*N, G, D] -> [N, Hq, D]."""
+    """Inverse of `to_head_major`: [Hkv*N, G, D] -> [N, Hq, D], contiguous (with G = 1 a reshape alone would
+    return a strided view)."""
     rows, group, head_dim = o.shape
     n = rows // num_kv_heads
-    return o.view(num_kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, num_kv_heads * group, head_dim)
+    o = o.view(num_kv_heads, n, group, head_dim).transpose(0, 1)
+    return o.contiguous().view(n, num_kv_heads * group, head_dim)
 
 
 # The FlashInfer whose private wrapper fields and planner argument lists `_plan_direct` writes (the

@@ -68,11 +68,16 @@ def test_indices_list_kept_tokens_per_head_and_row_with_the_diagonal_last() -> N
             assert positions[-1] == min(ctx, (int(layout.row_block[r]) + 1) * BLOCK) - 1
 
 
-def test_head_major_round_trip() -> None:
+@pytest.mark.parametrize("heads", [3, 12])
+def test_head_major_round_trip(heads: int) -> None:
+    """Also with one query head per segment (per-query-head masks), where the output must come back
+    contiguous: the attention backend views it as [N, Hq x D]."""
     q = torch.randn(10, 12, 8)
-    hm = to_head_major(q, 3)
-    assert torch.equal(hm[2 * 10 + 4], q[4, 8:12])
-    assert torch.equal(to_token_major(hm, 3), q)
+    hm = to_head_major(q, heads)
+    group = 12 // heads
+    assert torch.equal(hm[2 * 10 + 4], q[4, 2 * group : 3 * group])
+    back = to_token_major(hm, heads)
+    assert torch.equal(back, q) and back.is_contiguous()
 
 
 CHUNK_CASES = [([0], [100]), ([0, 0, 0], [33, 80, 16]), ([37, 0, 64], [29, 50, 40]), ([200], [1])]

@@ -209,6 +209,7 @@ def test_random_masks_run_what_an_fp32_masked_reference_computes(
     q = torch.randn(layout.num_tokens, heads[0], head_dim, device=DEVICE).bfloat16()
     sparse.plan(mask, q, head_dim**-0.5, num_kv_heads=heads[1])
     out = sparse.attention.run(q, pool.k, pool.v)
+    assert out.is_contiguous()  # the backend views it as [N, Hq x D]
     group = heads[0] // mask_heads
     offset = 0
     for b, (p, n) in enumerate(zip(prefix, extend, strict=True)):
