@@ -174,7 +174,7 @@ def test_reuse_evicts_the_tail_of_the_conversation_served_last() -> None:
     """In a loop the one served last is needed last; LRU takes the one served first (needed next),
     and a whole leaf of it."""
     tree, contexts = serve_round_robin("reuse", conversations=4, rounds=3)
-    assert tree.reuse_stats.regular()
+    assert tree.eviction.stats.regular()
     (evicted,) = tree.evict(2)
     assert (evicted.size, evicted.end) == (2, len(contexts[3]))
     assert evicted.tokens == np.array(contexts[3][-2:], dtype=np.int64).tobytes()
