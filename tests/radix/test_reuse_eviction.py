@@ -21,13 +21,13 @@ from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa:
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 
-from sglang_prefill_ext import adapters  # noqa: E402
+from sglang_prefill_ext import adapters, harness  # noqa: E402
 from sglang_prefill_ext.radix import PrefixTree  # noqa: E402
 from sglang_prefill_ext.radix.eviction import ReuseStats  # noqa: E402
 from tests.radix.profiles import StepCounter, machine_settings  # noqa: E402
 from tests.radix.strategies import PICKS, TOKENS, grow_key  # noqa: E402
 
-HARNESS = adapters.current("testing")
+HARNESS = harness.current("testing")
 PrefillExtRadixCache = adapters.current("radix_cache").PrefillExtRadixCache
 POOL_TOKENS = 128
 
