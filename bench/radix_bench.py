@@ -29,9 +29,9 @@ from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 
-from sglang_prefill_ext import adapters
+from sglang_prefill_ext import adapters, harness
 
-HARNESS = adapters.current("testing")
+HARNESS = harness.current("testing")
 PrefillExtRadixCache = adapters.current("radix_cache").PrefillExtRadixCache
 
 OPERATIONS = ("insert", "first match", "re-match", "evict")

@@ -8,7 +8,7 @@ request pool on CPU tensors, `SchedulePolicy`, `PrefillAdder`, `ScheduleBatch.pr
 allocating `out_cache_loc`), then "runs" the batch by emitting one output token per finished
 prefill and calling the same `release_kv_cache` / `maybe_cache_unfinished_req` paths as
 `process_batch_result_prefill`; what differs between SGLang versions (0.5.17, 0.5.23) is in
-`sglang_prefill_ext.adapters.vX_Y_Z.replay`. With --overlap, a batch's result is processed one iteration late,
+`sglang_prefill_ext.harness.vX_Y_Z.replay`. With --overlap, a batch's result is processed one iteration late,
 after the next batch is scheduled, as in SGLang's overlap event loop.
 
 Reports, per trace and mode: prefill tokens computed (sum of extend lengths), the ideal (each
@@ -43,9 +43,9 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import RADIX_EVICTION_POLICY_CHOICES, add_radix_eviction_policy_choices
 
-from sglang_prefill_ext import adapters
-from sglang_prefill_ext.adapters.testing_common import ReplaySpec
+from sglang_prefill_ext import harness
 from sglang_prefill_ext.config import DEFAULT_EVICTION, EVICTION_POLICIES
+from sglang_prefill_ext.harness.common import ReplaySpec
 from sglang_prefill_ext.radix.belady import Access, belady
 
 REPO = Path(__file__).resolve().parent.parent
@@ -257,7 +257,7 @@ class ReplayScheduler:
 
     def __init__(self, config: ReplayConfig) -> None:
         self.config = config
-        self.kit = adapters.current("replay")
+        self.kit = harness.current("replay")
         spec = ReplaySpec(
             argv=tuple(config.server_argv()),
             model_path=str(MODEL_CONFIG),

@@ -8,7 +8,7 @@ from types import ModuleType
 
 import pytest
 
-from sglang_prefill_ext import adapters
+from sglang_prefill_ext import adapters, harness
 from sglang_prefill_ext.patching import PatchError, PatchSet, installed_sglang_dir
 from sglang_prefill_ext.patching.tree import installed_version
 
@@ -85,8 +85,8 @@ def adapter(sglang_version: str) -> ModuleType:
 
 @pytest.fixture(scope="session")
 def sglang_harness(patched_sglang: PatchSet) -> ModuleType:
-    """The installed version's `testing` module: SGLang's own construction code on the CPU, patched."""
-    return adapters.for_version(patched_sglang.version, "testing")
+    """The installed version's harness `testing` module: SGLang's own construction code on the CPU, patched."""
+    return harness.for_version(patched_sglang.version, "testing")
 
 
 @pytest.fixture

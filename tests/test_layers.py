@@ -44,6 +44,19 @@ def test_layer_imports_nothing_above_it(layer: str, allowed: tuple[str, ...], fo
         assert not {n.split(".")[0] for n in names} & foreign, f"{module} imports {names}"
 
 
+def test_only_the_adapters_and_the_harness_import_sglang() -> None:
+    """The harness (the tests' and CPU replays' SGLang objects) sits on the adapters; nothing else
+    in the package imports it."""
+    for module, names in imported_modules(PACKAGE).items():
+        layer = module.split(".")[1]
+        if layer not in ("adapters", "harness"):
+            assert "sglang" not in {n.split(".")[0] for n in names}, f"{module} imports {names}"
+        if layer != "harness":
+            assert not any(n.startswith("sglang_prefill_ext.harness") for n in names), (
+                f"{module} imports the harness"
+            )
+
+
 def test_config_loads_without_torch() -> None:
     """SGLang's server-args module imports the options; their sparse defaults come from
     `ops.settings`, which must not pull torch in with it."""

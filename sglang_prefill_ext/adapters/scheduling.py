@@ -38,6 +38,16 @@ def _ms(start: float, end: float) -> float:
     return round(1e3 * (end - start), 3) if start and end else -1.0
 
 
+@dataclasses.dataclass
+class RequestTally:
+    """What a request's `--prefill-ext-log` line counts, kept from its first admission: passes it
+    waited in the queue, in-flight tokens it waited for, chunks the latency budget cut."""
+
+    queue_passes: int
+    deduped_tokens: int = 0
+    budgeted_chunks: int = 0
+
+
 class PrefillExtScheduler:
     """The runner of one scheduler: the calls its patched `_get_new_batch_prefill_raw` makes."""
 
@@ -80,9 +90,7 @@ class PrefillExtScheduler:
         self.pass_log = JsonlLog(config.pass_log) if config.pass_log else None
         self.metrics = CounterDeltas() if metrics else None
         self._hit_tokens = 0
-        self._deduped: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
-        self._queue_passes: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
-        self._budgeted_chunks: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
+        self._tallies: weakref.WeakKeyDictionary[Req, RequestTally] = weakref.WeakKeyDictionary()
         self._plan = PassPlan(0)
         self._shorts: list[Need] = []
         self._chunk_continues = False  # this pass capped SGLang's chunked request, which continues
@@ -256,15 +264,16 @@ class PrefillExtScheduler:
             self._adder, self._tracked = adder, 0
         for req in adder.can_run_list[self._tracked :]:
             end = self._chunk_end(req)
-            if req not in self._queue_passes:
+            tally = self._tallies.get(req)
+            if tally is None:
                 state = self.runner.waiting_states().get(req)
-                self._queue_passes[req] = state.passes - 1 if state is not None else 0
+                tally = self._tallies[req] = RequestTally(state.passes - 1 if state is not None else 0)
             if self._plan.budgeted and end < len(req.full_untruncated_fill_ids):
-                self._budgeted_chunks[req] = self._budgeted_chunks.get(req, 0) + 1
+                tally.budgeted_chunks += 1
             self.runner.track(req, self.position(req, end), end)
             deduped = self.runner.deduped_tokens(req)
             if deduped:
-                self._deduped[req] = deduped
+                tally.deduped_tokens = deduped
         self._tracked = len(adder.can_run_list)
 
     def _chunk_end(self, req: Req) -> int:
@@ -300,15 +309,16 @@ class PrefillExtScheduler:
         """`req` finished or was aborted: its log line."""
         stats = req.time_stats
         reason = req.finished_reason
+        tally = self._tallies.pop(req, None) or RequestTally(0)
         self.log.write(
             RequestRecord(
                 rid=req.rid,
                 input_len=len(req.origin_input_ids),
                 cached_tokens=req.cached_tokens,
-                deduped_tokens=self._deduped.pop(req, 0),
+                deduped_tokens=tally.deduped_tokens,
                 chunks=req.extend_batch_idx,
-                queue_passes=self._queue_passes.pop(req, 0),
-                budgeted_chunks=self._budgeted_chunks.pop(req, 0),
+                queue_passes=tally.queue_passes,
+                budgeted_chunks=tally.budgeted_chunks,
                 queue_ms=_ms(stats.wait_queue_entry_time, stats.forward_entry_time),
                 prefill_ms=_ms(stats.forward_entry_time, stats.prefill_finished_time),
                 ttft_ms=_ms(stats.wait_queue_entry_time, stats.prefill_finished_time),

@@ -33,7 +33,7 @@ from sglang_prefill_ext.radix.handle import MatchHandle
 from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.query import Query
 from sglang_prefill_ext.radix.tokens import as_token_array
-from sglang_prefill_ext.radix.tree import InsertOutcome, PrefixTree, SplitHook
+from sglang_prefill_ext.radix.tree import InsertOutcome, PrefixTree, Reinsert, SplitHook
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -97,7 +97,7 @@ class PrefixTreeCacheMixin:
 
     Mixed in before SGLang's `BasePrefixCache`. A version's class calls `_setup` from its
     `__init__` and defines `_namespace` (a key's tree namespace), `_match_result` (its
-    `MatchResult`) and `_is_reinsert` (whether an insert repeats the caller's own earlier one); it
+    `MatchResult`) and `_is_reinsert` (whether an insert re-inserts the caller's own earlier one); it
     may override `_on_stored`, `_on_evicted` and `_on_cleared` to record KV events.
     """
 
@@ -163,7 +163,7 @@ class PrefixTreeCacheMixin:
         raise NotImplementedError
 
     def _is_reinsert(self, params: InsertParams) -> bool:
-        """Whether `params` re-inserts what the same caller inserted before (not a reuse hit)."""
+        """Whether `params` re-inserts what the same caller inserted before (no hit, no use)."""
         raise NotImplementedError
 
     def _on_stored(self, node: Node) -> None:
@@ -209,13 +209,12 @@ class PrefixTreeCacheMixin:
         else:
             # Debug/test fallback, as stock: the token ids stand in for slots.
             value = torch.tensor(query.tokens, dtype=torch.int64)
-        outcome = self._insert(query, value, params.priority or 0, self._is_reinsert(params))
+        reinsert = Reinsert.UNCOUNTED if self._is_reinsert(params) else Reinsert.NO
+        outcome = self._insert(query, value, params.priority or 0, reinsert)
         return InsertResult(prefix_len=outcome.prefix_len, last_device_node=outcome.last_node)
 
-    def _insert(
-        self, query: Query, value: torch.Tensor, priority: int, chunked: bool, repeat: bool = False
-    ) -> InsertOutcome:
-        outcome = self.tree.insert(query, value, priority, chunked, repeat)
+    def _insert(self, query: Query, value: torch.Tensor, priority: int, reinsert: Reinsert) -> InsertOutcome:
+        outcome = self.tree.insert(query, value, priority, reinsert)
         if outcome.new_leaf is not None:
             self._on_stored(outcome.new_leaf)
         return outcome

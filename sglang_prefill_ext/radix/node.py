@@ -14,8 +14,8 @@ _ids = itertools.count()
 class Node:
     """`tokens` covers absolute positions [depth, depth + size) of every key that passes through it.
 
-    `value` is the adapter's opaque slot array for those tokens; `meta` is free for the adapter
-    (e.g. KV-event hashes).
+    `value` is the adapter's opaque slot array for those tokens; `policy_state` belongs to the
+    tree's eviction policy, `meta` to the adapter (e.g. KV-event hashes).
     """
 
     __slots__ = (
@@ -31,9 +31,7 @@ class Node:
         "priority",
         "last_access",
         "created",
-        "last_use",
-        "reuse_interval",
-        "wanted",
+        "policy_state",
         "alive",
         "id",
         "meta",
@@ -61,11 +59,7 @@ class Node:
         self.priority = priority
         self.last_access = now
         self.created = now
-        # The tree's use clock (requests cached) at the last use, the last gap between two uses
-        # (0: unknown) and at the last match or touch (see eviction.reuse_key).
-        self.last_use = 0
-        self.reuse_interval = 0
-        self.wanted = -1
+        self.policy_state: Any = None
         self.alive = True
         self.id = next(_ids)
         self.meta: Any = None
@@ -73,6 +67,36 @@ class Node:
     @property
     def end(self) -> int:
         return self.depth + self.size
+
+    def key(self, page_size: int) -> Hashable:
+        """Its key in its parent's children: the first page, with the namespace under the root."""
+        page = self.tokens[: page_size * TOKEN_BYTES]
+        return (self.namespace, page) if self.parent.parent is None else page
+
+    def split(self, offset: int, now: int, page_size: int) -> Node:
+        """Cut after `offset` tokens: a new node takes the head and this node's place under its
+        parent (and its counts, priority and locks); this node keeps the tail below it. Returns the head."""
+        parent = self.parent
+        own_key = self.key(page_size)
+        head = Node(
+            self.tokens[: offset * TOKEN_BYTES],
+            self.value[:offset],
+            parent,
+            self.depth,
+            self.namespace,
+            now,
+            self.priority,
+        )
+        head.hit_count = self.hit_count
+        head.lock_ref = self.lock_ref
+        self.tokens = self.tokens[offset * TOKEN_BYTES :]
+        self.value = self.value[offset:]
+        self.depth += offset
+        self.size -= offset
+        self.parent = head
+        parent.children[own_key] = head
+        head.children[self.key(page_size)] = self
+        return head
 
     def path(self, stop: Node | None = None) -> list[Node]:
         """Nodes from just below `stop` (default: the root) down to self, root excluded."""

@@ -8,6 +8,7 @@ memcmp comparisons over stored token bytes (no key slicing, no hashing) and matc
 from __future__ import annotations
 
 import dataclasses
+import enum
 import heapq
 import sys
 from collections.abc import Callable, Hashable, Iterator
@@ -16,14 +17,28 @@ from typing import Any
 import numpy as np
 
 from sglang_prefill_ext.radix.counters import TreeCounters
-from sglang_prefill_ext.radix.eviction import TAIL_EVICTING, Clock, ReuseStats, eviction_key
+from sglang_prefill_ext.radix.eviction import eviction_policy
 from sglang_prefill_ext.radix.handle import MatchHandle
 from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.query import Query
-from sglang_prefill_ext.radix.tokens import TOKEN_BYTES, common_prefix_len
+from sglang_prefill_ext.radix.tokens import common_prefix_len
 from sglang_prefill_ext.radix.values import NumpyValues, ValueOps
 
 SplitHook = Callable[[Node, Node], None]
+
+
+class Reinsert(enum.Enum):
+    """Whether an insert caches again what the same request cached before.
+
+    NO: the request's use of the tree (its first complete insert): a hit on what was cached, and a
+    use for the eviction policy. COUNTED: again, still a hit as SGLang counts hits (0.5.17: a
+    decoding request's finish after its prefill's insert), not a new use. UNCOUNTED: again, or a
+    chunk short of the prompt (SGLang's `chunked`, 0.5.23's `inserted_len`): neither.
+    """
+
+    NO = enum.auto()
+    COUNTED = enum.auto()
+    UNCOUNTED = enum.auto()
 
 
 @dataclasses.dataclass
@@ -36,9 +51,10 @@ class InsertOutcome:
 class PrefixTree:
     """Token prefixes -> opaque slot arrays, with SGLang RadixCache's match/insert/evict semantics.
 
-    `on_split(prefix, tail)` runs after a node splits, for adapters that keep per-node metadata.
+    `on_split(head, tail)` runs after a node splits, for adapters that keep per-node metadata.
     Times are a logical clock read wherever RadixCache reads `time.monotonic()`, so LRU/FIFO orders
-    are the same as stock's.
+    are the same as stock's. `eviction` is the policy (`radix.eviction`), which keeps its own
+    per-node state through the hooks the tree calls.
     """
 
     def __init__(
@@ -51,14 +67,11 @@ class PrefixTree:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
-        self.eviction = eviction.lower()
-        self._eviction_key = eviction_key(self.eviction)
-        self._evict_tails = self.eviction in TAIL_EVICTING
+        self.eviction = eviction_policy(eviction)
         self.values = values or NumpyValues()
         self._on_split = on_split
         self.counters = TreeCounters()
         self._clock = 0
-        self.uses = 0  # requests cached (inserts that are not a request's own re-insert)
         self.epoch = 0
         self.reset()
 
@@ -69,7 +82,8 @@ class PrefixTree:
         self.root = Node(b"", self.values.empty(), None, 0, None, self._tick(), priority=-sys.maxsize)
         self.root.lock_ref = 1
         self.evictable_leaves: set[Node] = set()
-        self.reuse_stats = ReuseStats()  # a flushed cache learns its next workload afresh
+        self.eviction.reset()
+        self.eviction.on_new_node(self.root)
         self.evictable_tokens = 0
         self.protected_tokens = 0
         self.cached_tokens = 0
@@ -136,54 +150,44 @@ class PrefixTree:
     # ----- insert -----
 
     def insert(
-        self, query: Query, value: Any, priority: int = 0, chunked: bool = False, repeat: bool = False
+        self, query: Query, value: Any, priority: int = 0, reinsert: Reinsert = Reinsert.NO
     ) -> InsertOutcome:
-        """Cache `query` -> `value` (one slot per token); returns how much was already cached.
-
-        `chunked`: a chunked request caching a chunk (no hit, no use). `repeat`: a request caching
-        again what it cached before (a decoding request's finish after its prefill's insert): a hit as
-        SGLang counts hits, but not a new use for the reuse intervals."""
+        """Cache `query` -> `value` (one slot per token); returns how much was already cached."""
         access = self._tick()
-        self.uses += 0 if chunked or repeat else 1
+        if reinsert is Reinsert.NO:
+            self.eviction.begin_use()
         node, offset = self._descend(query, self.root, 0)
         prefix_len = node.depth + offset
         partial = offset < node.size
         for matched in (node.parent if partial else node).path():
-            self._mark_used(matched, access, priority, chunked, repeat)
+            self._mark_used(matched, access, priority, reinsert)
         self.root.last_access = access
         self.root.priority = max(self.root.priority, priority)
         if partial:
             node.last_access = access
             node = self._split(node, offset)
             node.priority = max(node.priority, priority)
-            self._count_use(node, chunked, repeat)
+            self._count_use(node, reinsert)
         new_leaf = None
         if prefix_len < query.length:
-            new_leaf = self._add_leaf(node, query, prefix_len, value, priority, chunked)
+            new_leaf = self._add_leaf(node, query, prefix_len, value, priority, reinsert)
             node = new_leaf
         return InsertOutcome(prefix_len, node, new_leaf)
 
-    def _mark_used(self, node: Node, access: int, priority: int, chunked: bool, repeat: bool) -> None:
+    def _mark_used(self, node: Node, access: int, priority: int, reinsert: Reinsert) -> None:
         node.last_access = access
         node.priority = max(node.priority, priority)
-        self._count_use(node, chunked, repeat)
+        self._count_use(node, reinsert)
 
-    def _count_use(self, node: Node, chunked: bool, repeat: bool) -> None:
-        # A chunked request re-inserting its own earlier chunks is not a reuse.
-        if chunked:
+    def _count_use(self, node: Node, reinsert: Reinsert) -> None:
+        if reinsert is Reinsert.UNCOUNTED:
             return
-        if not repeat:
-            if node.hit_count:
-                interval = self.uses - node.last_use
-                self.reuse_stats.observe(node.reuse_interval, interval)
-                node.reuse_interval = interval
-            else:  # a chunk's node, used for the first time by the request that computed it
-                node.reuse_interval = node.parent.reuse_interval
-            node.last_use = self.uses
+        if reinsert is Reinsert.NO:
+            self.eviction.on_use(node)
         node.hit_count += 1
 
     def _add_leaf(
-        self, parent: Node, query: Query, start: int, value: Any, priority: int, chunked: bool
+        self, parent: Node, query: Query, start: int, value: Any, priority: int, reinsert: Reinsert
     ) -> Node:
         leaf = Node(
             query.tokens[start:].tobytes(),
@@ -194,10 +198,8 @@ class PrefixTree:
             self._tick(),
             priority,
         )
-        leaf.hit_count = 0 if chunked else 1
-        leaf.last_use = self.uses
-        # A new turn of a conversation is reused with the prefix it extends.
-        leaf.reuse_interval = parent.reuse_interval
+        leaf.hit_count = 0 if reinsert is Reinsert.UNCOUNTED else 1
+        self.eviction.on_new_node(leaf)
         parent.children[self._child_key(parent, query, start)] = leaf
         self.evictable_tokens += leaf.size
         self.cached_tokens += leaf.size
@@ -246,10 +248,6 @@ class PrefixTree:
         page = query.page_key(position, self.page_size)
         return (query.namespace, page) if parent is self.root else page
 
-    def _own_key(self, node: Node) -> Hashable:
-        page = node.tokens[: self.page_size * TOKEN_BYTES]
-        return (node.namespace, page) if node.parent is self.root else page
-
     def touch(self, node: Node) -> None:
         """Mark `node` and its ancestors used now, as a match ending at `node` would (no split, no counts)."""
         self._touch_path(node, self._tick())
@@ -257,39 +255,18 @@ class PrefixTree:
     def _touch_path(self, node: Node, access: int) -> None:
         while node is not None:
             node.last_access = access
-            node.wanted = self.uses
+            self.eviction.on_match(node)
             node = node.parent
 
     def _split(self, node: Node, offset: int) -> Node:
-        """Cut `node` after `offset` tokens; the new upper half is returned, `node` keeps the rest."""
-        key = self._own_key(node)
-        parent = node.parent
-        prefix = Node(
-            node.tokens[: offset * TOKEN_BYTES],
-            node.value[:offset],
-            parent,
-            node.depth,
-            node.namespace,
-            self._tick(),
-            node.priority,
-        )
-        prefix.hit_count = node.hit_count
-        prefix.last_use = node.last_use
-        prefix.reuse_interval = node.reuse_interval
-        prefix.wanted = node.wanted
-        prefix.lock_ref = node.lock_ref
-        node.tokens = node.tokens[offset * TOKEN_BYTES :]
-        node.value = node.value[offset:]
-        node.depth += offset
-        node.size -= offset
-        node.parent = prefix
-        parent.children[key] = prefix
-        prefix.children[self._own_key(node)] = node
+        """Cut `node` after `offset` tokens; the new head is returned, `node` keeps the tail."""
+        head = node.split(offset, self._tick(), self.page_size)
+        self.eviction.on_split(head, node)
         self.counters.nodes += 1
         self.counters.splits += 1
         if self._on_split is not None:
-            self._on_split(prefix, node)
-        return prefix
+            self._on_split(head, node)
+        return head
 
     def _tick(self) -> int:
         self._clock += 1
@@ -326,14 +303,15 @@ class PrefixTree:
 
     def evict(self, num_tokens: int) -> list[Node]:
         """Free at least `num_tokens` (if that much is evictable), leaves first, in policy order."""
-        order, now = self._eviction_key, Clock(self._clock, self.uses, self.reuse_stats.regular())
-        heap = [(order(leaf, now), leaf.id, leaf) for leaf in self.evictable_leaves]
+        policy = self.eviction
+        order = policy.order(self._clock)
+        heap = [(order(leaf), leaf.id, leaf) for leaf in self.evictable_leaves]
         heapq.heapify(heap)
         evicted: list[Node] = []
         freed = 0
         while freed < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
-            keep = self._kept_head(node, num_tokens - freed)
+            keep = policy.kept_head(node, num_tokens - freed, self.page_size)
             if keep:
                 self._split(node, keep)  # `node` keeps the tail, which goes
             self._remove_leaf(node)
@@ -341,21 +319,13 @@ class PrefixTree:
             freed += node.size
             parent = node.parent
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (order(parent, now), parent.id, parent))
+                heapq.heappush(heap, (order(parent), parent.id, parent))
         self.counters.evicted_tokens += freed
         return evicted
 
-    def _kept_head(self, node: Node, needed: int) -> int:
-        """Tokens of a leaf's head that can stay when only `needed` are wanted (tail-evicting
-        policies; the others evict whole leaves, as RadixCache does)."""
-        if not self._evict_tails:
-            return 0
-        tail = -(-needed // self.page_size) * self.page_size
-        return max(node.size - tail, 0)
-
     def _remove_leaf(self, node: Node) -> None:
         parent = node.parent
-        del parent.children[self._own_key(node)]
+        del parent.children[node.key(self.page_size)]
         self.evictable_tokens -= node.size
         self.cached_tokens -= node.size
         self.evictable_leaves.discard(node)

@@ -89,10 +89,6 @@ class InflightRegistry:
             del self._by_key[key]
         return flight
 
-    def flight_of(self, producer: Hashable) -> Flight | None:
-        entry = self._by_producer.get(producer)
-        return entry[1] if entry is not None else None
-
     def shared(self, at: Position) -> tuple[Flight, int] | None:
         """The flight covering the most of `at.tokens[at.start:]` (whole pages, at least the minimum)."""
         if at.start % self.page_size:

@@ -112,9 +112,9 @@ class PrefillRunner:
         """Re-match the items whose stamp changed since their last match (or that were never matched)."""
         for item in waiting:
             state = self.state(item)
-            if state.version is None or state.version != stamp(item):
+            if state.stamp is None or state.stamp != stamp(item):
                 state.matched = match(item)
-                state.version = stamp(item)
+                state.stamp = stamp(item)
 
     def protect(
         self,

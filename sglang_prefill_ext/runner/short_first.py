@@ -8,7 +8,7 @@ whole (smaller) budget of every pass until it is done.
 Here, while short requests (at most `short_max_tokens` uncached tokens) arrive (one was seen within
 `window_s`), every pass is sized to a latency budget from a cost model of forward time, not a token
 count (Sarathi-Serve's idea): waiting short requests go first in the queue and ride the next pass,
-and the long prompt's chunk takes what the budget leaves, never less than `min_long_tokens` (so it
+and the long prompt's chunk takes what the budget leaves, never less than `min_long_chunk` (so it
 keeps progressing). With SGLang's
 overlap scheduler a request that arrives while pass k runs is admitted to pass k + 2 (k + 1 was
 formed before it arrived), so its time to first token is about half a pass plus two passes.
@@ -99,14 +99,14 @@ class ShortFirst:
         budget_ms: float,
         short_max_tokens: int,
         window_s: float,
-        min_long_tokens: int,
+        min_long_chunk: int,
         page_size: int,
         cost: PassCost | None = None,
     ) -> None:
         self.budget_ms = budget_ms
         self.short_max_tokens = short_max_tokens
         self.window_s = window_s
-        self.min_long_tokens = max(min_long_tokens, page_size)
+        self.min_long_chunk = max(min_long_chunk, page_size)
         self.page_size = page_size
         self.cost = cost or PassCost()
         self.counters = ShortFirstCounters()
@@ -174,7 +174,7 @@ class ShortFirst:
         short_tokens = sum(self._paged(n.tokens) for n in shorts)
         context = long.context if long is not None else 0
         fill = self.cost.tokens_within(left, context) // self.page_size * self.page_size
-        long_tokens = min(max(fill, self.min_long_tokens), base)
+        long_tokens = min(max(fill, self.min_long_chunk), base)
         self.counters.budgeted_passes += 1
         if long is not None and long_tokens < min(long.tokens, base):
             self.counters.shortened_chunks += 1

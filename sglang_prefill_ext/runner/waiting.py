@@ -2,8 +2,8 @@
 
 LPM with aging: requests that have waited `max_wait_passes` passes or more come first, oldest
 first; the rest by longest cached prefix, ties by arrival. A request's match is refreshed only when
-its stamp (`version`: what could change it, e.g. the children of the node its match ends at)
-changed, so a pass costs O(1) per request whose match cannot have grown.
+its stamp (what could change it, e.g. the children of the node its match ends at) changed, so a
+pass costs O(1) per request whose match cannot have grown.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class WaitState:
     dedup_passes: int = 0
     deduped_tokens: int = 0
     matched: int = 0
-    version: Hashable = None
+    stamp: Hashable = None  # the stamp its `matched` was taken at
 
     def aged(self, max_wait_passes: int) -> bool:
         return self.passes >= max_wait_passes

@@ -46,8 +46,8 @@ def test_session_radix_cache_is_refused_by_name() -> None:
 
 def test_config_eviction_overrides_sglang_policy() -> None:
     cache = PrefillExtRadixCache(cache_params(eviction_policy="lfu"), PrefillExtConfig(eviction="cost"))
-    assert cache.tree.eviction == "cost"
-    assert PrefillExtRadixCache(cache_params(eviction_policy="lfu")).tree.eviction == "lfu"
+    assert cache.tree.eviction.name == "cost"
+    assert PrefillExtRadixCache(cache_params(eviction_policy="lfu")).tree.eviction.name == "lfu"
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_default_eviction_is_reuse_unless_a_policy_is_asked_for(
     cache = PrefillExtRadixCache(
         cache_params(eviction_policy=sglang_policy), PrefillExtConfig(eviction=option)
     )
-    assert cache.tree.eviction == tree
+    assert cache.tree.eviction.name == tree
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_build_refuses_other_cache_kinds(sglang_harness: ModuleType, overrides: 
 
 def test_build_reads_prefill_ext_options(sglang_harness: ModuleType) -> None:
     server_args = sglang_harness.parse_server_args("--enable-prefill-ext", "--prefill-ext-eviction", "fifo")
-    assert build_tree_cache(sglang_harness.tree_cache_context(server_args)).tree.eviction == "fifo"
+    assert build_tree_cache(sglang_harness.tree_cache_context(server_args)).tree.eviction.name == "fifo"
 
 
 def test_build_refuses_lmcache(sglang_harness: ModuleType) -> None:

@@ -21,11 +21,11 @@ from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa:
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 
-from sglang_prefill_ext import adapters  # noqa: E402
+from sglang_prefill_ext import adapters, harness  # noqa: E402
 from sglang_prefill_ext.config import EVICTION_POLICIES  # noqa: E402
 from sglang_prefill_ext.radix.belady import Access, belady  # noqa: E402
 
-HARNESS = adapters.current("testing")
+HARNESS = harness.current("testing")
 PrefillExtRadixCache = adapters.current("radix_cache").PrefillExtRadixCache
 STOCK_POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
 

@@ -3,7 +3,7 @@
 Both sit on real CPU KV allocators; every step must agree on matched slots, insert prefix lengths,
 lock deltas, sizes, KV events, and the exact slots (in order) handed back to the allocator. Keys,
 matched slots, namespaces and KV-event settings come from the version's `testing` harness
-(`adapters.current("testing")`; SGLang is patched at session start, before this module imports).
+(`harness.current("testing")`; SGLang is patched at session start, before this module imports).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 
-from sglang_prefill_ext import adapters  # noqa: E402
+from sglang_prefill_ext import adapters, harness  # noqa: E402
 from tests.radix.profiles import StepCounter, machine_settings  # noqa: E402
 from tests.radix.strategies import PICKS, TOKENS, grow_key  # noqa: E402
 
-HARNESS = adapters.current("testing")
+HARNESS = harness.current("testing")
 PrefillExtRadixCache = adapters.current("radix_cache").PrefillExtRadixCache
 
 POOL_TOKENS = 4096

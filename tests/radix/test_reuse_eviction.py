@@ -21,13 +21,13 @@ from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa:
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 
-from sglang_prefill_ext import adapters  # noqa: E402
+from sglang_prefill_ext import adapters, harness  # noqa: E402
 from sglang_prefill_ext.radix import PrefixTree  # noqa: E402
 from sglang_prefill_ext.radix.eviction import ReuseStats  # noqa: E402
 from tests.radix.profiles import StepCounter, machine_settings  # noqa: E402
 from tests.radix.strategies import PICKS, TOKENS, grow_key  # noqa: E402
 
-HARNESS = adapters.current("testing")
+HARNESS = harness.current("testing")
 PrefillExtRadixCache = adapters.current("radix_cache").PrefillExtRadixCache
 POOL_TOKENS = 128
 
@@ -174,7 +174,7 @@ def test_reuse_evicts_the_tail_of_the_conversation_served_last() -> None:
     """In a loop the one served last is needed last; LRU takes the one served first (needed next),
     and a whole leaf of it."""
     tree, contexts = serve_round_robin("reuse", conversations=4, rounds=3)
-    assert tree.reuse_stats.regular()
+    assert tree.eviction.stats.regular()
     (evicted,) = tree.evict(2)
     assert (evicted.size, evicted.end) == (2, len(contexts[3]))
     assert evicted.tokens == np.array(contexts[3][-2:], dtype=np.int64).tobytes()

@@ -33,8 +33,8 @@ def test_pass_cost_parses_and_refuses() -> None:
             PassCost.parse(bad)
 
 
-def policy(budget_ms: float = 100.0, window_s: float = 1.0, min_long: int = 512) -> ShortFirst:
-    return ShortFirst(budget_ms, 4096, window_s, min_long, page_size=1)
+def policy(budget_ms: float = 100.0, window_s: float = 1.0, min_long_chunk: int = 512) -> ShortFirst:
+    return ShortFirst(budget_ms, 4096, window_s, min_long_chunk, page_size=1)
 
 
 def test_select_moves_the_shorts_that_fit_ahead_in_order() -> None:

@@ -29,6 +29,7 @@ from sglang_prefill_ext.radix.handle import MatchHandle
 from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.query import Query
 from sglang_prefill_ext.radix.tokens import as_token_array
+from sglang_prefill_ext.radix.tree import Reinsert
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -83,12 +84,12 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)]
         query = self._req_query(req, token_ids)
         key_len = query.length
-        repeat = req in self._checkpointed
+        reinsert = Reinsert.COUNTED if req in self._checkpointed else Reinsert.NO
         self._checkpointed.discard(req)
         if is_insert:
             values = kv_indices[:key_len].to(dtype=torch.int64, copy=True)
             priority = getattr(req, "priority", 0) or 0
-            freed_end = self._insert(query, values, priority, False, repeat).prefix_len
+            freed_end = self._insert(query, values, priority, reinsert).prefix_len
         else:
             freed_end = key_len
         self.token_to_kv_pool_allocator.free_segments(
@@ -109,12 +110,14 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         query = self._req_query(req, token_ids)
         values = kv_indices[: query.length].to(dtype=torch.int64, copy=True)
         # A prompt's last chunk or a decoding request: its first complete insert is its use of the
-        # tree; later ones (another checkpoint, its finish) repeat it.
-        repeat = not chunked and req in self._checkpointed
-        if not chunked:
+        # tree; later ones (another checkpoint, its finish) insert it again.
+        if chunked:
+            reinsert = Reinsert.UNCOUNTED
+        else:
+            reinsert = Reinsert.COUNTED if req in self._checkpointed else Reinsert.NO
             self._checkpointed.add(req)
         priority = getattr(req, "priority", 0) or 0
-        new_prefix_len = self._insert(query, values, priority, chunked, repeat).prefix_len
+        new_prefix_len = self._insert(query, values, priority, reinsert).prefix_len
         self.token_to_kv_pool_allocator.free_segment(
             kv_indices[req.cache_protected_len : new_prefix_len], start_pos=req.cache_protected_len
         )

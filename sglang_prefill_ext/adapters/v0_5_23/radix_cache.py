@@ -37,6 +37,7 @@ from sglang_prefill_ext.radix.handle import MatchHandle
 from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.query import Query
 from sglang_prefill_ext.radix.tokens import as_token_array
+from sglang_prefill_ext.radix.tree import Reinsert
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -111,8 +112,7 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         )
 
     def _is_reinsert(self, params: InsertParams) -> bool:
-        # 0.5.23 counts no reuse on what the same request inserted before (inserted_len); the core's
-        # `chunked` is the closest: a request re-inserting its own earlier part is not a hit.
+        # 0.5.23 counts no hit on what the same request inserted before (inserted_len).
         return params.inserted_len > 0
 
     def touch_prefix(self, key: RadixKey) -> None:
@@ -162,13 +162,14 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         key_len = query.length
         values = kv_indices[:key_len].to(dtype=torch.int64, copy=True)
         priority = req.priority or 0
-        prefix_len = self._insert(query, values, priority, kv.cache_inserted_len > 0).prefix_len
+        reinsert = Reinsert.UNCOUNTED if kv.cache_inserted_len > 0 else Reinsert.NO
+        prefix_len = self._insert(query, values, priority, reinsert).prefix_len
         kv.cache_inserted_len = max(kv.cache_inserted_len, key_len)
         # Split the leaf at the prompt boundary so eviction can drop the output KV without the
         # prompt; re-inserting a prefix only changes the topology.
         prompt = self._req_query(req, token_ids, min(len(req.origin_input_ids), len(token_ids)))
         if 0 < prompt.length < key_len:
-            self._insert(prompt, values, min(priority + 1, _MAX_PRIORITY), True)
+            self._insert(prompt, values, min(priority + 1, _MAX_PRIORITY), Reinsert.UNCOUNTED)
         self.token_to_kv_pool_allocator.free_segment(
             kv_indices[kv.cache_protected_len : prefix_len], start_pos=kv.cache_protected_len
         )

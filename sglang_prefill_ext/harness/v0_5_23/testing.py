@@ -21,8 +21,8 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.runtime_context import publish
 from sglang.srt.server_args import ServerArgs
 
-from sglang_prefill_ext.adapters.testing_common import cli_server_args, tree_cache_context_args
-from sglang_prefill_ext.adapters.testing_common import cpu_cache_params as cpu_cache_params  # re-exported
+from sglang_prefill_ext.harness.common import cli_server_args, tree_cache_context_args
+from sglang_prefill_ext.harness.common import cpu_cache_params as cpu_cache_params  # re-exported
 
 # The class stock 0.5.23 builds for a plain model with the extension off; the extension's cache
 # is a drop-in for the classic RadixCache, which 0.5.23 still ships and tests against.

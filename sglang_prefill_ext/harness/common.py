@@ -1,7 +1,7 @@
-"""CPU test harness pieces that SGLang 0.5.17 and 0.5.23 share (same constructors, same types).
+"""The CPU harness pieces SGLang 0.5.17 and 0.5.23 share (same constructors, same types).
 
-Each version's `testing` module re-exports these beside its own differences; tests reach them
-through `sglang_prefill_ext.adapters.current("testing")`.
+Each version's `testing` and `replay` modules build on these beside their own differences; tests
+and the replay reach them through `sglang_prefill_ext.harness.current("testing" / "replay")`.
 """
 
 from __future__ import annotations

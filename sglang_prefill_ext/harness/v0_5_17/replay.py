@@ -21,8 +21,8 @@ from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cac
 from sglang.srt.runtime_context import publish
 from sglang.srt.utils import get_num_new_pages
 
-from sglang_prefill_ext.adapters import testing_common
-from sglang_prefill_ext.adapters.testing_common import ReplaySpec, replay_scheduler, tree_cache_context_args
+from sglang_prefill_ext.harness import common
+from sglang_prefill_ext.harness.common import ReplaySpec, replay_scheduler, tree_cache_context_args
 
 
 class CpuPagedAllocator(PagedTokenToKVPoolAllocator):
@@ -95,7 +95,7 @@ def free_pages(allocator: Any) -> torch.Tensor:
 
 def finish_prefill(scheduler: Scheduler, batch: ScheduleBatch, output_token: int) -> list[Req]:
     """`process_batch_result_prefill` for a model that emits `output_token`: the requests it finished."""
-    return testing_common.finish_prefill(
+    return common.finish_prefill(
         batch,
         output_token,
         lambda req: release_kv_cache(req, scheduler.tree_cache),
@@ -105,12 +105,10 @@ def finish_prefill(scheduler: Scheduler, batch: ScheduleBatch, output_token: int
 
 def finish_decode(scheduler: Scheduler, batch: ScheduleBatch, output_token: int) -> list[Req]:
     """`process_batch_result_decode` for a model that emits `output_token`: the requests it finished."""
-    return testing_common.finish_decode(
-        batch, output_token, lambda req: release_kv_cache(req, scheduler.tree_cache)
-    )
+    return common.finish_decode(batch, output_token, lambda req: release_kv_cache(req, scheduler.tree_cache))
 
 
-abort_chunked = testing_common.abort_chunked
+abort_chunked = common.abort_chunked
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Drive SGLang 0.5.17's own construction code on the CPU, for the version-free test suite.
 
 Every test that needs SGLang's server args, tree-cache selection or stock RadixCache goes
-through `sglang_prefill_ext.adapters.current("testing")`, so the tests themselves name no version.
+through `sglang_prefill_ext.harness.current("testing")`, so the tests themselves name no version.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
 from sglang.srt.server_args import ServerArgs
 
-from sglang_prefill_ext.adapters.testing_common import cli_server_args, tree_cache_context_args
-from sglang_prefill_ext.adapters.testing_common import cpu_cache_params as cpu_cache_params  # re-exported
+from sglang_prefill_ext.harness.common import cli_server_args, tree_cache_context_args
+from sglang_prefill_ext.harness.common import cpu_cache_params as cpu_cache_params  # re-exported
 
 # The class stock 0.5.17 builds for a plain model with the extension off.
 STOCK_TREE_CACHE: type[BasePrefixCache] = RadixCache

@@ -1,0 +1,1 @@
+"""The CPU harness for SGLang 0.5.23."""
