@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 import torch
-from ops_bench import BLOCK, DEV, D, structured_qkv, timed
 
+from bench.ops.ops_bench import BLOCK, DEV, D, structured_qkv, timed
 from sglang_prefill_ext.ops import BlockLayout, SparseSettings
 from sglang_prefill_ext.ops.pooling import key_segments, pool_keys, pool_queries
 from sglang_prefill_ext.ops.sampled import block_mass_triton

@@ -25,8 +25,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-import schedule_replay as sr
-
+from bench.replay import schedule_replay as sr
 from sglang_prefill_ext.runner.short_first import PassCost
 
 # One decode step of a few requests, 8B shape on the H200: stock's 114 tok/s per request (mixed workload).

@@ -48,7 +48,7 @@ from sglang_prefill_ext.adapters.testing_common import ReplaySpec
 from sglang_prefill_ext.config import DEFAULT_EVICTION, EVICTION_POLICIES
 from sglang_prefill_ext.radix.belady import Access, belady
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODEL_CONFIG = REPO / "bench" / "models" / "llama3-8b-dummy"
 OUTPUT_TOKEN = 7
 VOCAB = 100_000

@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ttft_bench import Client, server_info
+from bench.lib.client import Client, server_info
 
 LEAK_MARKERS = ("leak detected", "use-after-free", "Traceback (most recent call last)")
 

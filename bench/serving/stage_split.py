@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ttft_bench import percentile
+from bench.lib.stats import percentile
 
 STATS = re.compile(
     r"ReqTimeStats\(rid=\S+, input_len=(\d+),.*queue_duration=([\d.]+)ms, forward_duration=[\d.]+ms, "
