@@ -1,7 +1,7 @@
 """Greedy outputs of a real model through a running SGLang server, and their comparison across servers.
 
-    python bench/greedy_check.py run --url URL --model-dir DIR --label off --out off.jsonl
-    python bench/greedy_check.py compare off.jsonl ext.jsonl stock.jsonl [--json PATH]
+    python -m bench.serving.greedy_check run --url URL --model-dir DIR --label off --out off.jsonl
+    python -m bench.serving.greedy_check compare off.jsonl ext.jsonl stock.jsonl [--json PATH]
 
 `run` sends 50 prompts of real text (`real_text.py`, tokenized with the model's tokenizer) as
 input_ids, greedy, 32 new tokens each (ignore_eos), in four phases that exercise the prefix cache,
