@@ -32,9 +32,9 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 else
   tables=$(mktemp -d)
   echo "== no CUDA: the same request traces through stock SGLang's scheduler and the extension's (CPU)"
-  "$PY" bench/schedule_replay.py --lpm-waiting 128 | tee "$tables/replay.md"
+  "$PY" -m bench.replay.schedule_replay --lpm-waiting 128 | tee "$tables/replay.md"
   echo "== stock RadixCache vs the extension's prefix tree, prompts sharing a few long prefixes (CPU)"
-  "$PY" bench/radix_bench.py --workload shared --lengths 32768 131072 --pages 1 16 --repeat 1 | tee "$tables/radix.md"
-  "$PY" bench/demo_summary.py "$tables/replay.md" "$tables/radix.md"
+  "$PY" -m bench.replay.radix_bench --workload shared --lengths 32768 131072 --pages 1 16 --repeat 1 | tee "$tables/radix.md"
+  "$PY" -m bench.replay.demo_summary "$tables/replay.md" "$tables/radix.md"
   rm -rf "$tables"
 fi

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "demo_summary.py"
-spec = importlib.util.spec_from_file_location("demo_summary", SCRIPT)
-assert spec is not None and spec.loader is not None
-demo_summary = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(demo_summary)
+from bench.replay import demo_summary
 
 REPLAY = """command: python bench/schedule_replay.py --lpm-waiting 128
 

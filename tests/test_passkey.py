@@ -1,4 +1,4 @@
-"""bench/passkey.py: where the needle lands, and the dense-vs-sparse verdict of `compare`."""
+"""bench.accuracy.passkey: where the needle lands, and the dense-vs-sparse verdict of `compare`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import passkey  # noqa: E402
+from bench.accuracy import passkey
 
 
 def encode(text: str) -> list[int]:

@@ -1,28 +1,20 @@
-"""bench/sparse_accuracy.py's fp32 emulation on a tiny random Llama (no download): the chunked exact
+"""bench.accuracy.sparse_accuracy's fp32 emulation on a tiny random Llama (no download): the chunked exact
 attention is SDPA, and keeping every block is dense."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 from types import ModuleType
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 LENGTH, BLOCK = 300, 32
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    sys.path.insert(0, str(BENCH))  # the script imports its sibling real_text
-    spec = importlib.util.spec_from_file_location("sparse_accuracy", BENCH / "sparse_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.accuracy.sparse_accuracy")
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,13 @@
-"""bench/stage_split.py: client records paired with SGLang's ReqTimeStats lines, TTFT split in stages."""
+"""bench.serving.stage_split: client records paired with SGLang's ReqTimeStats lines, TTFT split in stages."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import stage_split  # noqa: E402
+from bench.serving import stage_split
 
 # A server whose clock is 1000 s ahead of the client's.
 OFFSET = 1000.0

@@ -4,7 +4,7 @@
 # For each phase (main: the normal KV pool; pressure: a small pool) and each variant (stock, ext):
 # set the patch state with the project's CLI (stock: reverted; ext: applied), start
 # `python3 -m sglang.launch_server` with identical flags (ext adds --enable-prefill-ext), poll
-# /health, run bench/ttft_bench.py, kill the server's process tree. Then write a report with
+# /health, run bench.serving.ttft_bench, kill the server's process tree. Then write a report with
 # stock/ext ratios and a TTFT CDF. Everything lands under $OUT in at most 7 files:
 #   env.txt  summary-stock.json  summary-ext.json  report.md  ttft-cdf.png  ab-results.tar.gz
 # (the tarball holds every per-request JSONL, the summaries, server logs and patch-CLI output).
@@ -32,7 +32,7 @@
 #   EXT_LOGS       1: ext* variants also write the extension's request and pass logs (--prefill-ext-log,
 #                  --prefill-ext-pass-log; one write() per finished request and per prefill pass, which
 #                  stock servers do not do); 0: no logs, the same I/O as stock [1]
-#   ROBUST         1: after each variant's workloads, bench/robustness.py on the same server: malformed
+#   ROBUST         1: after each variant's workloads, bench.serving.robustness on the same server: malformed
 #                  requests (their answers land in robustness-<variant>.json, compared in the report),
 #                  ROBUST_LONG_REPS repeated long prompts for ext* variants [20] of ROBUST_LONG_LEN
 #                  tokens [100000], then an idle spell and SGLang's idle memory check (server alive,
@@ -137,13 +137,13 @@ run_phase() {  # run_phase PHASE WORKLOADS ARGS...
     fi
     if [ "$wl" != none ]; then
       # shellcheck disable=SC2086
-      $PY bench/ttft_bench.py run --url "$URL" --label "$v" --workloads "$wl" --out-dir "$WORK/$v" \
+      $PY -m bench.serving.ttft_bench run --url "$URL" --label "$v" --workloads "$wl" --out-dir "$WORK/$v" \
         --deadline "$DEADLINE" --no-progress --health-timeout 60 $BENCH_ARGS || log "$phase/$v: bench exit $?"
     fi
     if [ "$ROBUST" = 1 ] && [ "$phase" = main ] && [[ " ${ROBUST_VARIANTS:-$VARIANTS} " == *" $v "* ]]; then
       local reps=0
       [ "${v#ext}" != "$v" ] && reps=$ROBUST_LONG_REPS
-      $PY bench/robustness.py run --url "$URL" --label "$v" --model-dir "$MODEL" --long-reps "$reps" \
+      $PY -m bench.serving.robustness run --url "$URL" --label "$v" --model-dir "$MODEL" --long-reps "$reps" \
         --long-len "$ROBUST_LONG_LEN" --deadline "$DEADLINE" --server-log "$WORK/$v/server-$phase.log" \
         --out "$WORK/$v/robustness.json" || log "$phase/$v: robustness exit $?"
       cp "$WORK/$v/robustness.json" "$OUT/robustness-$v.json" 2>/dev/null || true
@@ -175,13 +175,13 @@ for v in $VARIANTS; do
   fi
 done
 if [ ${#sums[@]} -gt 0 ]; then
-  $PY bench/ttft_bench.py report "${sums[@]}" --reference bench/reference/h200-stock-2026-11-29.json \
+  $PY -m bench.serving.ttft_bench report "${sums[@]}" --reference bench/reference/h200-stock-2026-11-29.json \
     --out-md "$OUT/report.md" --out-png "$OUT/ttft-cdf.png" || log "report failed"
 fi
 robust=()
 for v in $VARIANTS; do [ -f "$OUT/robustness-$v.json" ] && robust+=("$OUT/robustness-$v.json"); done
 if [ ${#robust[@]} -gt 0 ]; then
-  $PY bench/robustness.py compare "${robust[@]}" | tee -a "$OUT/report.md" || log "robustness compare failed"
+  $PY -m bench.serving.robustness compare "${robust[@]}" | tee -a "$OUT/report.md" || log "robustness compare failed"
 fi
 cp "$OUT/env.txt" "$WORK/" 2>/dev/null || true
 tar -C "$WORK" -czf "$OUT/ab-results.tar.gz" .

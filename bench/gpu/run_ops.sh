@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6 on the H200 host: the ops' GPU tests, then bench/ops_bench.py; a summary table last.
+# Issue 6 on the H200 host: the ops' GPU tests, then bench.ops.ops_bench; a summary table last.
 # From the repo root, with the device tool's carry [".whl/sglang-site-cp312.tar.xz", ".gpu"]:
 #     bash bench/gpu/run_ops.sh                     # tests + the 128K rows and the 8K-chunk rows, ~2 min
 #     LENS="8192 32768 65536 131072" bash bench/gpu/run_ops.sh   # every length
@@ -27,7 +27,7 @@ pytest_rc=${PIPESTATUS[0]}
 echo "gpu tests: rc=$pytest_rc after $(( $(date +%s) - t0 )) s"
 
 # shellcheck disable=SC2086  # LENS is a list
-timeout ${BENCH_TIMEOUT:-300} python3 bench/ops_bench.py --lens $LENS --json "$OUT/ops_bench.json" 2>&1 | tee "$OUT/ops_bench.log"
+timeout ${BENCH_TIMEOUT:-300} python3 -m bench.ops.ops_bench --lens $LENS --json "$OUT/ops_bench.json" 2>&1 | tee "$OUT/ops_bench.log"
 bench_rc=${PIPESTATUS[0]}
 echo "bench: rc=$bench_rc after $(( $(date +%s) - t0 )) s"
 

@@ -6,14 +6,14 @@
 #     model_parts.py join, sha256-checked) and converted (model_parts.py convert: qwen-coder with the host's
 #     transformers and the wheelhouse's gguf) unless $HF/config.json exists; then the YaRN views
 #     $HF-yarnF for each F of YARN_VIEWS [qwen-coder: "2 4"];
-#  2. sparse accuracy: bench/sparse_accuracy.py $ACCURACY_ARGS (sparse vs dense and vs the text), or one run
+#  2. sparse accuracy: bench.accuracy.sparse_accuracy $ACCURACY_ARGS (sparse vs dense and vs the text), or one run
 #     per "name: args" entry of ACCURACY_RUNS (';'-separated; a run's --model-dir, e.g. $HF-yarn4, overrides $HF),
 #     results in $OUT/<name>.json/.log;
 #  3. greedy identity: for each of VARIANTS, set the patch state (stock: reverted; off: patched, flag
 #     off; ext*: patched with EXT_ARGS_<name>), start the server on $HF (or $HF-yarn$YARN_FACTOR)
-#     with identical SERVER_ARGS, run bench/greedy_check.py (50 prompts: chunked, cache hits, partial hits,
+#     with identical SERVER_ARGS, run bench.serving.greedy_check (50 prompts: chunked, cache hits, partial hits,
 #     a burst), stop it; then compare every variant's outputs with the first's; or, with CHECK=passkey,
-#     bench/passkey.py $PASSKEY_ARGS (facts planted in real text at five depths, greedy answers, TTFT per
+#     bench.accuracy.passkey $PASSKEY_ARGS (facts planted in real text at five depths, greedy answers, TTFT per
 #     prompt) and compare every variant's recall, answers and TTFT with the first's (dense), then (REFERENCE=1)
 #     the same prompts through transformers (the YaRN check) — e.g. issue 26's end-to-end run:
 #       REAL_MODEL=qwen-coder YARN_FACTOR=4 CHECK=passkey ACCURACY=0 VARIANTS="stock ext_sparse" \
@@ -100,7 +100,7 @@ if [ "$ACCURACY" = 1 ]; then
     name=$(echo "${run%%:*}" | tr -d ' ')
     log "sparse accuracy run $name: ${run#*:}"
     # shellcheck disable=SC2086  # the run's arguments are a list
-    timeout "$(left)" $PY bench/sparse_accuracy.py --model-dir "$MODEL" --json "$OUT/$name.json" ${run#*:} 2>&1 \
+    timeout "$(left)" $PY -m bench.accuracy.sparse_accuracy --model-dir "$MODEL" --json "$OUT/$name.json" ${run#*:} 2>&1 \
       | grep -v Warning | tee "$OUT/$name.log"
   done
 fi
@@ -117,10 +117,10 @@ for v in $VARIANTS; do
     | tee -a "$OUT/env.txt"
   if [ "$CHECK" = passkey ]; then
     # shellcheck disable=SC2086  # PASSKEY_ARGS is a flag list
-    $PY bench/passkey.py run --url "$URL" --model-dir "$MODEL" --label "$v" --out "$OUT/passkey-$v.jsonl" \
+    $PY -m bench.accuracy.passkey run --url "$URL" --model-dir "$MODEL" --label "$v" --out "$OUT/passkey-$v.jsonl" \
       $PASSKEY_ARGS && files+=("$OUT/passkey-$v.jsonl")
   else
-    $PY bench/greedy_check.py run --url "$URL" --model-dir "$HF" --label "$v" --out "$OUT/greedy-$v.jsonl" \
+    $PY -m bench.serving.greedy_check run --url "$URL" --model-dir "$HF" --label "$v" --out "$OUT/greedy-$v.jsonl" \
       && files+=("$OUT/greedy-$v.jsonl")
   fi
   stop_server
@@ -129,11 +129,12 @@ if patch_cli status 2>/dev/null | grep -q ": applied"; then patch_cli revert >>"
 if [ "$CHECK" = passkey ] && [ "$REFERENCE" = 1 ] && [ "$(left)" -gt 60 ]; then
   # the same prompts through transformers: equal answers say the server applies the YaRN scaling
   # shellcheck disable=SC2086  # PASSKEY_ARGS is a flag list
-  timeout "$(left)" $PY bench/passkey.py run --url transformers:cuda --model-dir "$MODEL" --label transformers \
+  timeout "$(left)" $PY -m bench.accuracy.passkey run --url transformers:cuda --model-dir "$MODEL" --label transformers \
     --out "$OUT/passkey-transformers.jsonl" $PASSKEY_ARGS && files+=("$OUT/passkey-transformers.jsonl")
 fi
 if [ ${#files[@]} -gt 1 ]; then
-  $PY "bench/${CHECK/greedy/greedy_check}.py" compare "${files[@]}" --json "$OUT/$CHECK-compare.json" \
+  if [ "$CHECK" = passkey ]; then check=bench.accuracy.passkey; else check=bench.serving.greedy_check; fi
+  $PY -m "$check" compare "${files[@]}" --json "$OUT/$CHECK-compare.json" \
     | tee "$OUT/$CHECK-compare.txt"
 fi
 

@@ -3,11 +3,9 @@ never worse than any eviction policy of stock RadixCache or PrefillExtRadixCache
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa:
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 
+from bench.replay import eviction_bound  # noqa: E402
 from sglang_prefill_ext import adapters, harness  # noqa: E402
 from sglang_prefill_ext.config import EVICTION_POLICIES  # noqa: E402
 from sglang_prefill_ext.radix.belady import Access, belady  # noqa: E402
@@ -203,14 +202,6 @@ def test_belady_is_never_worse_than_any_policy(case: tuple[list[Access], int]) -
 # ----- a GPU run's pressure workload, from the TTFT bench's records -----
 
 
-def load_eviction_bound() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "eviction_bound.py"
-    spec = importlib.util.spec_from_file_location("eviction_bound", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def pressure_run(folder: Path, label: str, cached: list[int]) -> None:
     """What ttft_bench.py's pressure workload writes: 3 sessions x 3 turns, round-robin, prompts of
     6 then + 4 output + 5 tool tokens, `cached` tokens served from cache per request."""
@@ -248,13 +239,14 @@ def pressure_run(folder: Path, label: str, cached: list[int]) -> None:
 
 
 def test_eviction_bound_rebuilds_a_pressure_run(tmp_path: Path) -> None:
-    bound = load_eviction_bound()
     pressure_run(tmp_path / "stock", "stock", [0] * 9)
     pressure_run(tmp_path / "ext", "ext", [0, 0, 0, 9, 9, 0, 18, 0, 0])
-    lines = bound.rows([(label, *bound.load(tmp_path / label)) for label in ("stock", "ext")])
+    lines = eviction_bound.rows(
+        [(label, *eviction_bound.load(tmp_path / label)) for label in ("stock", "ext")]
+    )
     # Session paths: 9 tokens after turn 1, 18 after turn 2; 30 slots hold 3 x 9, then 1 x 18 + 1 x 9.
     chains = [
-        Access(s * bound.SESSION_STRIDE + np.arange(6 + 9 * t + 3), 6 + 9 * t)
+        Access(s * eviction_bound.SESSION_STRIDE + np.arange(6 + 9 * t + 3), 6 + 9 * t)
         for t in range(3)
         for s in range(3)
     ]

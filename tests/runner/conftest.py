@@ -1,18 +1,14 @@
-"""The schedule replay engine (bench/schedule_replay.py), imported once SGLang is patched."""
+"""The schedule replay engine (bench.replay.schedule_replay), imported once SGLang is patched."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 from types import ModuleType
 
 import pytest
 
 from sglang_prefill_ext import adapters
 from sglang_prefill_ext.patching import PatchSet
-
-REPLAY_PATH = Path(__file__).resolve().parents[2] / "bench" / "schedule_replay.py"
 
 
 def ported(*options: str) -> pytest.MarkDecorator:
@@ -26,12 +22,8 @@ def ported(*options: str) -> pytest.MarkDecorator:
 
 
 def load_replay() -> ModuleType:
-    """Import bench/schedule_replay.py (SGLang must already be patched)."""
-    spec = importlib.util.spec_from_file_location("schedule_replay", REPLAY_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
-    spec.loader.exec_module(module)
-    return module
+    """Import bench.replay.schedule_replay (SGLang must already be patched)."""
+    return importlib.import_module("bench.replay.schedule_replay")
 
 
 @pytest.fixture(scope="session")

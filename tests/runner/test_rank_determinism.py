@@ -274,8 +274,8 @@ def test_dp_ranks_keep_independent_state(replay: ModuleType) -> None:
 
 def main(out: str, *names: str) -> None:
     """One rank per scenario in this interpreter: `python test_rank_determinism.py OUT NAME...`."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from conftest import load_replay
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench, tests
+    from tests.runner.conftest import load_replay
 
     replay = load_replay()
     logs = {}

@@ -1,11 +1,10 @@
 """Short requests first: the cost model, the per-pass decisions, and the policy on SGLang's real
-scheduler (CPU pools, simulated clock from bench/mixed_replay.py), KV accounting checked every pass."""
+scheduler (CPU pools, simulated clock from bench.replay.mixed_replay), KV accounting checked every pass."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -14,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sglang_prefill_ext.runner.short_first import Need, PassCost, ShortFirst
-from tests.runner.conftest import REPLAY_PATH, ported
+from tests.runner.conftest import ported
 
 COST = PassCost()
 
@@ -94,13 +93,8 @@ def test_config_refuses_a_malformed_cost_model() -> None:
 
 @pytest.fixture(scope="module")
 def mixed(replay: ModuleType) -> ModuleType:
-    """bench/mixed_replay.py, which imports bench/schedule_replay.py (loaded by `replay`)."""
-    path = REPLAY_PATH.parent / "mixed_replay.py"
-    spec = importlib.util.spec_from_file_location("mixed_replay", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """bench.replay.mixed_replay, which imports bench.replay.schedule_replay (loaded by `replay`)."""
+    return importlib.import_module("bench.replay.mixed_replay")
 
 
 def small_mixed(mixed: ModuleType) -> list:

@@ -1,5 +1,5 @@
 """CPU time of the scheduling pass that admits a 100-token question over a cached 16K document
-(bench/schedule_replay.py's ReplayScheduler, overlap on), stock vs ext, 300 hits each, twice.
+(bench/replay/schedule_replay.py's ReplayScheduler, overlap on), stock vs ext, 300 hits each, twice.
 
 From the repo root, with the venv's SGLang patched (make apply):
     .venv-0.5.17/bin/python bench/results/raw/2026-12-01-h200-fa3-hits/cpu-checks/hit_pass_cpu.py
@@ -10,8 +10,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, "bench")
-from schedule_replay import ReplayConfig, ReplayScheduler, TraceReq  # noqa: E402
+sys.path.insert(0, ".")  # run from the repository root
+from bench.replay.schedule_replay import ReplayConfig, ReplayScheduler, TraceReq  # noqa: E402
 
 
 def hit_pass_ms(ext: bool) -> list[float]:

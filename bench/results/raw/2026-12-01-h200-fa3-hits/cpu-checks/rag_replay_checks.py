@@ -1,5 +1,5 @@
 """Three checks on the scheduler path of rag-shaped requests (4 cached 16K documents + 100-token questions,
-32 output tokens; bench/schedule_replay.py's ReplayScheduler with overlap), stock vs ext:
+32 output tokens; bench/replay/schedule_replay.py's ReplayScheduler with overlap), stock vs ext:
 
 - gc: Python GC collections ({generation: (count, total ms)}) over 200 requests, gc frozen first as SGLang
   does;
@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, "bench")
-from schedule_replay import ReplayConfig, ReplayScheduler, TraceReq  # noqa: E402
+sys.path.insert(0, ".")  # run from the repository root
+from bench.replay.schedule_replay import ReplayConfig, ReplayScheduler, TraceReq  # noqa: E402
 
 
 class CountOps(TorchDispatchMode):

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Short requests arriving during long chunked prefills, replayed on the CPU through the installed
-SGLang's real scheduler (bench/schedule_replay.py's `ReplayScheduler`), stock vs ext, on a simulated
+SGLang's real scheduler (bench/replay/schedule_replay.py's `ReplayScheduler`), stock vs ext, on a simulated
 clock.
 
 Each pass's forward time is predicted by the extension's cost model (`PassCost`, constants fitted on
 the H200) from the batch the real scheduler formed; requests arrive by that clock (the mixed
-workload of bench/ttft_bench.py: long unique prompts every few seconds among Poisson short ones).
+workload of bench/serving/ttft_bench.py: long unique prompts every few seconds among Poisson short ones).
 With --overlap (SGLang's default event loop) batch k + 1 is formed while batch k runs, so a request
 arriving during batch k can ride batch k + 2 at the earliest. TTFT here is scheduler-side: arrival
 to the end of the forward holding the prompt's last chunk (no HTTP, no detokenization).
 
-    python bench/mixed_replay.py --overlap
-    python bench/mixed_replay.py --overlap --budget-ms 60 100 --stock-chunk 8192 2048
+    python -m bench.replay.mixed_replay --overlap
+    python -m bench.replay.mixed_replay --overlap --budget-ms 60 100 --stock-chunk 8192 2048
 
 Needs the venv's SGLang patched: `make apply SGLANG_VERSION=<its version>`.
 """
@@ -25,8 +25,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-import schedule_replay as sr
-
+from bench.replay import schedule_replay as sr
 from sglang_prefill_ext.runner.short_first import PassCost
 
 # One decode step of a few requests, 8B shape on the H200: stock's 114 tok/s per request (mixed workload).
@@ -51,7 +50,7 @@ def mixed(
     seed: int = 5,
     output: int = 1,
 ) -> list[Arrival]:
-    """bench/ttft_bench.py's mixed workload: long unique prompts every `long_every_ms` among
+    """bench/serving/ttft_bench.py's mixed workload: long unique prompts every `long_every_ms` among
     `short_n` short unique prompts arriving as a Poisson process of `short_rate` per second; each
     request generates `output` tokens (the GPU workload's: 32)."""
     rng = random.Random(seed)
@@ -210,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         config = sr.ReplayConfig(ext=ext, chunked_prefill_size=chunk, overlap=args.overlap, extra_args=extra)
         result = run_timed(arrivals, config, cost, decode_ms=args.decode_ms)
         results.append(dataclasses.replace(result, mode=mode))
-    print(f"command: python bench/mixed_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(
+        f"command: python -m bench.replay.mixed_replay {' '.join(argv if argv is not None else sys.argv[1:])}"
+    )
     print(
         f"cost model: {cost}, decode step {args.decode_ms:g} ms, {args.output} tokens a request; overlap {args.overlap}\n"
     )

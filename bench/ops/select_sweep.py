@@ -1,6 +1,6 @@
 """Launch tuning of the two block scorers' Triton kernels at one length (issue 6), on the GPU.
 
-    python bench/select_sweep.py [--length 131072] [--json PATH]
+    python -m bench.ops.select_sweep [--length 131072] [--json PATH]
 
 On ops_bench's synthetic Q/K (32 q / 8 KV heads, head_dim 128, bf16): the sampled scorer's block
 mass (`block_mass_triton`: rows per program x key blocks per program x warps) and the pooled scorer's
@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 import torch
-from ops_bench import BLOCK, DEV, D, structured_qkv, timed
 
+from bench.ops.ops_bench import BLOCK, DEV, D, structured_qkv, timed
 from sglang_prefill_ext.ops import BlockLayout, SparseSettings
 from sglang_prefill_ext.ops.pooling import key_segments, pool_keys, pool_queries
 from sglang_prefill_ext.ops.sampled import block_mass_triton

@@ -1,8 +1,8 @@
 """Bad inputs, repeated long prompts and the idle memory check against a running SGLang server.
 
-    python bench/robustness.py run --url URL --label ext --model-dir DIR --out ext.json \
+    python -m bench.serving.robustness run --url URL --label ext --model-dir DIR --out ext.json \
         [--long-reps 20] [--long-len 100000] [--server-log PATH]
-    python bench/robustness.py compare stock.json ext.json
+    python -m bench.serving.robustness compare stock.json ext.json
 
 `run`, in order:
 1. malformed requests (empty input_ids, one token over the context length, neither text nor
@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ttft_bench import Client, server_info
+from bench.lib.client import Client, server_info
 
 LEAK_MARKERS = ("leak detected", "use-after-free", "Traceback (most recent call last)")
 
@@ -149,7 +149,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     loaded = [json.loads(Path(p).read_text()) for p in a.files]
     runs = {r["label"]: r for r in loaded}
     names = list(runs)
-    print("\n### Malformed requests (bench/robustness.py)\n")
+    print("\n### Malformed requests (bench/serving/robustness.py)\n")
     print("| request | " + " | ".join(names) + " | same answer |")
     print("|---|" + "---|" * len(names) + "---|")
     same_all = True

@@ -1,7 +1,7 @@
 """The CPU demo's takeaway: what the extension saved and where it costs, read from the tables that
-`bench/schedule_replay.py` and `bench/radix_bench.py` printed (their stdout, saved to files).
+`bench/replay/schedule_replay.py` and `bench/replay/radix_bench.py` printed (their stdout, saved to files).
 
-    python bench/demo_summary.py REPLAY_OUTPUT RADIX_OUTPUT
+    python -m bench.replay.demo_summary REPLAY_OUTPUT RADIX_OUTPUT
 """
 
 from __future__ import annotations

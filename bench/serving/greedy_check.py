@@ -1,7 +1,7 @@
 """Greedy outputs of a real model through a running SGLang server, and their comparison across servers.
 
-    python bench/greedy_check.py run --url URL --model-dir DIR --label off --out off.jsonl
-    python bench/greedy_check.py compare off.jsonl ext.jsonl stock.jsonl [--json PATH]
+    python -m bench.serving.greedy_check run --url URL --model-dir DIR --label off --out off.jsonl
+    python -m bench.serving.greedy_check compare off.jsonl ext.jsonl stock.jsonl [--json PATH]
 
 `run` sends 50 prompts of real text (`real_text.py`, tokenized with the model's tokenizer) as
 input_ids, greedy, 32 new tokens each (ignore_eos), in four phases that exercise the prefix cache,
@@ -21,12 +21,11 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from real_text import corpus_ids
-from ttft_bench import Client
+from bench.lib.client import Client
+from bench.lib.real_text import corpus_ids
+from bench.lib.run_compare import run_and_compare
 
 NEW_TOKENS = 32
 DISTINCT_LENS = (40, 90, 150, 300, 500, 800, 1000, 1023, 1024, 1025, 1500, 2000, 2048, 2500, 3000, 3500,
@@ -160,27 +159,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
             )
         )
     return 0 if total == len(ref) else 1
-
-
-Command = Callable[[argparse.Namespace], int]
-
-
-def run_and_compare(doc: str, cmd_run: Command, cmd_compare: Command, run_args: Callable[[Any], None]) -> int:
-    """The `run` (one server, one label, one output file) / `compare` (files, --json) command line this
-    script and passkey.py share; `run_args` adds a script's own `run` options."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    run = sub.add_parser("run")
-    run.add_argument("--url", required=True)
-    run.add_argument("--model-dir", required=True)
-    run.add_argument("--label", required=True)
-    run.add_argument("--out", required=True)
-    run_args(run)
-    cmp_ = sub.add_parser("compare")
-    cmp_.add_argument("files", nargs="+")
-    cmp_.add_argument("--json")
-    a = parser.parse_args()
-    return cmd_run(a) if a.cmd == "run" else cmd_compare(a)
 
 
 def main() -> int:

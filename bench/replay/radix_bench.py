@@ -7,7 +7,7 @@ For each page size and prompt length: tens of cached sequences sharing a common 
 at random points. Reports the p50 of insert, first match, re-match of a waiting request (stock:
 a full match_prefix again; ours: the request's match handle is extended) and evict, with ratios.
 
-    python bench/radix_bench.py [--workload diverging|shared] [--lengths 1024 8192 32768 131072] [--pages 1 16]
+    python -m bench.replay.radix_bench [--workload diverging|shared] [--lengths 1024 8192 32768 131072] [--pages 1 16]
                                 [--sequences 32] [--repeat 3]
 
 Each workload runs `--repeat` times, stock and ours interleaved; the table shows the lowest p50 of the

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from real_text import corpus_ids
 
+from bench.lib.real_text import corpus_ids
 from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.reference import block_sparse_attention, exact_block_mass
 from sglang_prefill_ext.ops.scoring import select_by_mass, structural_blocks

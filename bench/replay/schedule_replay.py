@@ -14,8 +14,8 @@ after the next batch is scheduled, as in SGLang's overlap event loop.
 Reports, per trace and mode: prefill tokens computed (sum of extend lengths), the ideal (each
 distinct token computed once), scheduling passes, decisions/s and CPU time per scheduling step.
 
-    python bench/schedule_replay.py                 # all traces, markdown table on stdout
-    python bench/schedule_replay.py --trace burst-4k --overlap
+    python -m bench.replay.schedule_replay                 # all traces, markdown table on stdout
+    python -m bench.replay.schedule_replay --trace burst-4k --overlap
 
 Needs the venv's SGLang patched: `make apply SGLANG_VERSION=<its version>`. Flag off is stock's own
 tree cache (0.5.17: `RadixCache`; 0.5.23: `UnifiedRadixCache`).
@@ -48,7 +48,7 @@ from sglang_prefill_ext.config import DEFAULT_EVICTION, EVICTION_POLICIES
 from sglang_prefill_ext.harness.common import ReplaySpec
 from sglang_prefill_ext.radix.belady import Access, belady
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODEL_CONFIG = REPO / "bench" / "models" / "llama3-8b-dummy"
 OUTPUT_TOKEN = 7
 VOCAB = 100_000
@@ -114,7 +114,7 @@ def cyclic_multi_turn(
     concurrency: int = 2,
     output: int = 1,
 ) -> list[TraceReq]:
-    """bench/ttft_bench.py's pressure workload: enough conversations for their final contexts to
+    """bench/serving/ttft_bench.py's pressure workload: enough conversations for their final contexts to
     be `ratio` x `pool`, served turn by turn, round-robin, `concurrency` requests at a time (a
     request starts when the one `concurrency` places before it finished, a turn when the previous
     one did); turn k+1 = turn k's prompt + its `output` tokens (decoded one a step) + `tool` new tokens."""
@@ -186,7 +186,7 @@ EVICTION_TRACES: dict[str, Callable[[], list[TraceReq]]] = {
 # (`--mem-fraction-static 0.2`, 8B-shaped model).
 CYCLIC_RATIOS = (1.5, 2.0, 3.0)
 PRESSURE_POOL = 104_438
-PRESSURE_OUTPUT = 32  # bench/ttft_bench.py --max-new-tokens: the GPU pressure phase's decodes
+PRESSURE_OUTPUT = 32  # bench/serving/ttft_bench.py --max-new-tokens: the GPU pressure phase's decodes
 
 
 def ideal_prefill_tokens(trace: list[TraceReq], page_size: int = 1) -> int:
@@ -660,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.eviction_pools:
         print(
-            f"command: python bench/schedule_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}\n"
+            f"command: python -m bench.replay.schedule_replay {' '.join(argv if argv is not None else sys.argv[1:])}\n"
         )
         rows = eviction_rows(
             args.eviction_pools, args.chunked_prefill_size, args.cyclic_pool, args.eviction_trace
@@ -681,7 +681,9 @@ def main(argv: list[str] | None = None) -> int:
                     overlap=args.overlap,
                 )
                 results.append(replay_trace(name, trace, config))
-    print(f"command: python bench/schedule_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(
+        f"command: python -m bench.replay.schedule_replay {' '.join(argv if argv is not None else sys.argv[1:])}"
+    )
     print(
         f"machine: {platform.machine()} {platform.processor() or ''} {platform.system()}, python {platform.python_version()}, torch {torch.__version__}"
     )

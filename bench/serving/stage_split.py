@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a variant's TTFT goes: client records of bench/ttft_bench.py split by SGLang's own
+"""Where a variant's TTFT goes: client records of bench/serving/ttft_bench.py split by SGLang's own
 per-request times (servers started with `--enable-request-time-stats-logging`).
 
 For each variant folder (`requests.jsonl` + `server-main.log`, as in run_ab.sh's results tarball)
@@ -13,8 +13,8 @@ lengths, in arrival order), and each request's client TTFT is split into
 - rest: first forward -> first token at the client (prefill, result processing, detokenizer,
   response).
 
-    tar xzf ab-results.tar.gz -C ab && python bench/stage_split.py ab --workload rag --hits
-    python bench/stage_split.py ab1 ab2 --hits --pool   # stock, stock_b, ... of both runs in one row
+    tar xzf ab-results.tar.gz -C ab && python -m bench.serving.stage_split ab --workload rag --hits
+    python -m bench.serving.stage_split ab1 ab2 --hits --pool   # stock, stock_b, ... of both runs in one row
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ttft_bench import percentile
+from bench.lib.stats import percentile
 
 STATS = re.compile(
     r"ReqTimeStats\(rid=\S+, input_len=(\d+),.*queue_duration=([\d.]+)ms, forward_duration=[\d.]+ms, "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Belady's optimum for a GPU run's pressure workloads, and each variant's place between LRU and it.
 
-Reads what `bench/ttft_bench.py run` wrote for each variant (`requests.jsonl`, `summary.json`; in
+Reads what `bench/serving/ttft_bench.py run` wrote for each variant (`requests.jsonl`, `summary.json`; in
 `run_ab.sh`'s `ab-results.tar.gz` they are `<variant>/...`). The bench sends random token ids and
 records none of them; the pressure workload's structure is what matters and its generator fixes
 it: every session draws its ids from its own seeded stream (sessions share no prefix), and turn
@@ -10,7 +10,7 @@ path on its session's chain: its prompt (`prompt_tokens`) plus the output KV the
 (`output_tokens` - 1), in the order the requests were sent (the first variant's order; the first
 variant should be stock). The pool is the server's `max_total_num_tokens` the workload recorded.
 
-    python bench/eviction_bound.py stock=out/stock ext=out/ext [--out-md eviction.md]
+    python -m bench.replay.eviction_bound stock=out/stock ext=out/ext [--out-md eviction.md]
 
 Per pressure workload: recomputed tokens (reusable prefix not served from cache, as the bench's
 summary counts them) of each variant and of Belady's optimum (`sglang_prefill_ext.radix.belady`:

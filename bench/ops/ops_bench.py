@@ -1,6 +1,6 @@
 """Sparse vs dense long prefill attention on one GPU: times incl. scoring and planning, TFLOP/s, needles.
 
-    python bench/ops_bench.py [--lens 8192 32768 65536 131072] [--backends auto fa2] [--json PATH]
+    python -m bench.ops.ops_bench [--lens 8192 32768 65536 131072] [--backends auto fa2] [--json PATH]
 
 Shape: one request, 32 query / 8 KV heads, head_dim 128, bf16, causal; KV in a page-size-1 pool.
 Rows per length L:

@@ -29,9 +29,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from greedy_check import run_and_compare
-from real_text import corpus_ids
-from ttft_bench import Client, flush_cache
+from bench.lib.client import Client, flush_cache
+from bench.lib.real_text import corpus_ids
+from bench.lib.run_compare import run_and_compare
 
 NEW_TOKENS = 8
 NEEDLE = "\nThe pass key is {key}. Remember it. {key} is the pass key.\n"

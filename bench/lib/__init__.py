@@ -1,0 +1,1 @@
+"""What benchmark scripts of several groups share."""

@@ -1,0 +1,1 @@
+"""The block-sparse operators timed on one GPU."""

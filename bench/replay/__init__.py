@@ -1,0 +1,1 @@
+"""CPU replays through the installed SGLang's own scheduler and radix cache, and readers of their output."""

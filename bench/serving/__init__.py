@@ -1,0 +1,1 @@
+"""The TTFT harness over HTTP and the checks that drive a running SGLang server."""

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""TTFT benchmark client for a running SGLang server (POST /generate with `input_ids`, streamed).
+
+Sub-commands:
+
+  run      send one or more workloads to a server; append one JSON line per request to
+           OUT_DIR/requests.jsonl and merge per-workload statistics into OUT_DIR/summary.json
+  report   read one or more summaries (e.g. stock and ext) and write a markdown table with
+           stock/ext ratios, plus a TTFT CDF PNG when matplotlib is importable
+  list     print the workloads and what they send
+
+No tokenizer is needed: prompts are seeded random token ids in [--token-low, --token-high),
+which by default stays below Llama-3's special tokens (128000..128255). Identical `--seed` gives
+identical prompts, so a stock and an ext server see the same requests.
+
+Needs only the standard library and aiohttp (matplotlib and tqdm are optional).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from bench.lib.client import Client, flush_cache, server_info, wait_healthy
+from bench.serving.report import fmt, load_summary, report, summarize_workload
+from bench.serving.workloads import (
+    DEFAULT_WORKLOADS,
+    ESTIMATED_S,
+    WORKLOADS,
+    Ctx,
+    TokenSource,
+    pressure_names,
+    workload_kind,
+)
+
+LLAMA3_FIRST_SPECIAL = 128000
+
+
+async def run_workloads(a: argparse.Namespace) -> int:
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jsonl = out_dir / "requests.jsonl"
+    summary_path = out_dir / "summary.json"
+    url = a.url.rstrip("/")
+    if not wait_healthy(url, a.health_timeout):
+        print(f"server at {url} is not healthy after {a.health_timeout:.0f} s", file=sys.stderr)
+        return 2
+    info = server_info(url)
+    summary = load_summary(summary_path)
+    summary.setdefault("label", a.label)
+    summary.setdefault("workloads", {})
+    summary.setdefault("servers", {})
+    names = [w.strip() for w in a.workloads.split(",") if w.strip()]
+    for w in names:
+        if w not in WORKLOADS:
+            print(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}", file=sys.stderr)
+            return 2
+    names = [n for w in names for n in (pressure_names(a.pressure_ratio) if w == "pressure" else [w])]
+    tokens = TokenSource(a.seed, a.token_low, a.token_high)
+    rc = 0
+    async with Client(url, a.label, jsonl, progress=not a.no_progress) as client:
+        if a.warmup:
+            t0 = time.perf_counter()
+            await client.generate(
+                tokens.ids(512, "warmup"), workload="warmup", group="warmup", idx=0, t0=t0, max_new_tokens=4
+            )
+            client.records.clear()
+        for w in names:
+            estimate = ESTIMATED_S[workload_kind(w)] * (a.baseline_reps if w == "baseline" else 1)
+            if a.deadline and time.time() + estimate > a.deadline:
+                print(f"[{a.label}] {w}: skipped, would pass the deadline", flush=True)
+                summary["workloads"][w] = {"skipped": "deadline"}
+                continue
+            if not a.no_flush and not flush_cache(url):
+                print(
+                    f"[{a.label}] {w}: /flush_cache failed; prompts are fresh random ids anyway", flush=True
+                )
+            client.records.clear()
+            ctx = Ctx(client, tokens, a, info.get("max_total_num_tokens"))
+            t0 = time.perf_counter()
+            try:
+                extra = await WORKLOADS[workload_kind(w)](ctx, w)
+            except Exception as e:  # keep the other workloads running
+                extra = {"failed": f"{type(e).__name__}: {e}"}
+                rc = 1
+            wall = time.perf_counter() - t0
+            ws = summarize_workload(client.records, wall, extra)
+            summary["workloads"][w] = ws
+            summary["servers"][w] = info
+            with open(summary_path, "w") as f:
+                json.dump(summary, f, indent=1)
+            t = ws["ttft_s"]
+            print(
+                f"[{a.label}] {w}: n={ws['n']} err={ws['errors']} wall={wall:.1f}s "
+                f"ttft p50={fmt(t['p50'])} p99={fmt(t['p99'])} hit={fmt(ws['hit_rate'], 3)} "
+                f"prefill={fmt(ws['prefill_tok_s'], 0)} tok/s",
+                flush=True,
+            )
+            if ws["errors"]:
+                print(f"  errors: {ws['error_samples']}", flush=True)
+                rc = 1
+    return rc
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="send workloads to a running server")
+    r.add_argument("--url", default="http://127.0.0.1:30000")
+    r.add_argument("--label", default="stock", help="variant name stored with every record (stock, ext, ...)")
+    r.add_argument(
+        "--workloads",
+        default=",".join(DEFAULT_WORKLOADS),
+        help=f"comma-separated, from: {', '.join(WORKLOADS)}",
+    )
+    r.add_argument("--out-dir", required=True)
+    r.add_argument("--seed", type=int, default=20261129)
+    r.add_argument("--token-low", type=int, default=1000)
+    r.add_argument(
+        "--token-high",
+        type=int,
+        default=LLAMA3_FIRST_SPECIAL,
+        help="exclusive; keep below the first special id and the vocab size (Llama-3: 128000)",
+    )
+    r.add_argument("--max-new-tokens", type=int, default=32, help="all workloads but baseline (1)")
+    r.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        help="unix time; workloads estimated to end past it are skipped",
+    )
+    r.add_argument("--health-timeout", type=float, default=600.0)
+    r.add_argument("--no-warmup", dest="warmup", action="store_false")
+    r.add_argument("--no-flush", action="store_true", help="do not POST /flush_cache before each workload")
+    r.add_argument("--no-progress", action="store_true")
+    g = r.add_argument_group("workload shapes (defaults follow issue 4)")
+    g.add_argument("--baseline-reps", type=int, default=3)
+    g.add_argument("--burst-n", type=int, default=16)
+    g.add_argument("--burst-shared", type=int, default=32768)
+    g.add_argument("--burst-own", type=int, default=512)
+    g.add_argument("--burst-reps", type=int, default=3)
+    g.add_argument("--rag-docs", type=int, default=4)
+    g.add_argument("--rag-doc-tokens", type=int, default=16384)
+    g.add_argument("--rag-requests", type=int, default=64)
+    g.add_argument("--rag-question-tokens", type=int, default=100)
+    g.add_argument("--rag-rate", type=float, default=8.0, help="Poisson arrivals per second")
+    g.add_argument("--agent-sessions", type=int, default=8)
+    g.add_argument("--agent-turns", type=int, default=6)
+    g.add_argument("--agent-system-tokens", type=int, default=2048, help="shared by all sessions")
+    g.add_argument("--agent-first-tokens", type=int, default=8192, help="turn-1 prompt, system included")
+    g.add_argument("--agent-tool-tokens", type=int, default=8000, help="appended after each reply")
+    g.add_argument("--agent-think-s", type=float, default=0.0)
+    g.add_argument("--unique-lengths", type=_ints, default=[8192, 32768, 100000])
+    g.add_argument("--unique-reps", type=_ints, default=[4, 3, 2])
+    g.add_argument("--mixed-long-n", type=int, default=4)
+    g.add_argument("--mixed-long-tokens", type=int, default=32768)
+    g.add_argument("--mixed-long-every-s", type=float, default=2.0)
+    g.add_argument("--mixed-short-n", type=int, default=48)
+    g.add_argument("--mixed-short-min", type=int, default=512)
+    g.add_argument("--mixed-short-max", type=int, default=2048)
+    g.add_argument("--mixed-short-rate", type=float, default=8.0)
+    g.add_argument("--pressure-first-tokens", type=int, default=4096)
+    g.add_argument("--pressure-tool-tokens", type=int, default=6144)
+    g.add_argument("--pressure-turns", type=int, default=4)
+    g.add_argument(
+        "--pressure-ratio",
+        type=_floats,
+        default=[2.0],
+        help="working set / KV pool; a list (1.5,2,3) runs one pressure workload per ratio",
+    )
+    g.add_argument("--pressure-sessions", type=int, default=0, help="0: from the pool size and the ratio")
+    g.add_argument("--pressure-max-sessions", type=int, default=16)
+    g.add_argument("--pressure-concurrency", type=int, default=2)
+
+    for verb in ("report", "compare"):
+        rp = sub.add_parser(verb, help="markdown table + CDF PNG; two summaries give ratios")
+        rp.add_argument("summaries", nargs="+", help="[LABEL=]summary.json; give stock first, then ext")
+        rp.add_argument("--reference", help="JSON of recorded baseline rows to show alongside")
+        rp.add_argument("--out-md")
+        rp.add_argument("--out-png")
+
+    sub.add_parser("list", help="describe the workloads")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.cmd == "list":
+        for name, fn in WORKLOADS.items():
+            print(f"{name:9s} {(fn.__doc__ or '').strip()}")
+        return 0
+    if a.cmd in ("report", "compare"):
+        return report(a)
+    if a.token_high <= a.token_low:
+        print("--token-high must exceed --token-low", file=sys.stderr)
+        return 2
+    return asyncio.run(run_workloads(a))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""The TTFT harness's workloads: each sends its requests through a `Client` and returns what the
+summary adds to the client's records (`WORKLOADS`, by name; `list` prints their docstrings).
+
+Prompts are seeded random token ids (`TokenSource`): identical seeds give identical prompts, so a
+stock and an ext server see the same requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bench.lib.client import Client, Record
+
+BASELINE_LENGTHS = (1024, 8192, 32768, 100000)
+BASELINE_BURSTS = ((32768, 512), (4096, 256))
+DEFAULT_WORKLOADS = ("baseline", "burst", "rag", "agent", "unique", "mixed")
+# Rough seconds each workload takes on a stock H200 with the 8B-shaped dummy model (baseline: per
+# rep); used only to skip workloads that would run past --deadline.
+ESTIMATED_S = {"baseline": 15, "burst": 8, "rag": 15, "agent": 35, "unique": 30, "mixed": 12, "pressure": 45}
+
+
+# --------------------------------------------------------------------------------------------
+# Prompts
+
+
+def derive_seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+
+@dataclasses.dataclass
+class TokenSource:
+    base_seed: int
+    low: int
+    high: int
+
+    def ids(self, n: int, *key: object) -> list[int]:
+        rng = random.Random(derive_seed(self.base_seed, *key))
+        return rng.choices(range(self.low, self.high), k=n)
+
+    def rng(self, *key: object) -> random.Random:
+        return random.Random(derive_seed(self.base_seed, "rng", *key))
+
+
+def size_label(n: int) -> str:
+    if n % 1024 == 0:
+        return f"{n // 1024}K"
+    if n % 1000 == 0:
+        return f"{n // 1000}K"
+    return str(n)
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads
+
+
+@dataclasses.dataclass
+class Ctx:
+    client: Client
+    tokens: TokenSource
+    args: argparse.Namespace
+    pool_tokens: int | None
+
+
+WorkloadFn = Callable[[Ctx, str], Awaitable[dict[str, Any]]]
+
+
+async def _at(delay: float, coro: Awaitable[Record]) -> Record:
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return await coro
+
+
+async def wl_baseline(ctx: Ctx, name: str) -> dict[str, Any]:
+    """Single prompts, first (uncached) then again (cache hit); then the two bursts. max_new_tokens=1."""
+    c, tok, a = ctx.client, ctx.tokens, ctx.args
+    extra: dict[str, Any] = {"burst_wall_s": {}}
+    idx = 0
+    with c.bar(a.baseline_reps * (2 * len(BASELINE_LENGTHS) + 16 * len(BASELINE_BURSTS)), name):
+        for rep in range(a.baseline_reps):
+            for n in BASELINE_LENGTHS:
+                ids = tok.ids(n, name, rep, n)
+                for kind in ("first", "hit"):
+                    t0 = time.perf_counter()
+                    await c.generate(
+                        ids,
+                        workload=name,
+                        group=f"{size_label(n)} {kind}",
+                        idx=idx,
+                        t0=t0,
+                        max_new_tokens=1,
+                        reusable=n if kind == "hit" else 0,
+                        rep=rep,
+                    )
+                    idx += 1
+            for shared, own in BASELINE_BURSTS:
+                group = f"16x({size_label(shared)}+{own}) burst"
+                prefix = tok.ids(shared, name, rep, "burst", shared)
+                t0 = time.perf_counter()
+                recs = await asyncio.gather(
+                    *(
+                        c.generate(
+                            prefix + tok.ids(own, name, rep, "burst", shared, i),
+                            workload=name,
+                            group=group,
+                            idx=idx + i,
+                            t0=t0,
+                            max_new_tokens=1,
+                            rep=rep,
+                        )
+                        for i in range(16)
+                    )
+                )
+                idx += 16
+                ends = [r.t_end for r in recs if r.t_end is not None]
+                extra["burst_wall_s"].setdefault(group, []).append(max(ends) if len(ends) == 16 else None)
+    return extra
+
+
+async def wl_burst(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(1) 16 concurrent requests sharing an uncached 32K prefix, each with its own 512 tokens."""
+    c, tok, a = ctx.client, ctx.tokens, ctx.args
+    walls = []
+    with c.bar(a.burst_reps * a.burst_n, name):
+        for rep in range(a.burst_reps):
+            prefix = tok.ids(a.burst_shared, name, rep, "prefix")
+            t0 = time.perf_counter()
+            recs = await asyncio.gather(
+                *(
+                    c.generate(
+                        prefix + tok.ids(a.burst_own, name, rep, i),
+                        workload=name,
+                        group="burst",
+                        idx=rep * a.burst_n + i,
+                        t0=t0,
+                        max_new_tokens=a.max_new_tokens,
+                        rep=rep,
+                    )
+                    for i in range(a.burst_n)
+                )
+            )
+            firsts = [r.t_first for r in recs if r.t_first is not None]
+            walls.append(max(firsts) if len(firsts) == len(recs) else None)
+    return {"burst_last_first_token_s": walls}
+
+
+async def wl_rag(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(2) 64 requests over 4 shared 16K documents, 100-token questions, Poisson arrivals."""
+    c, tok, a = ctx.client, ctx.tokens, ctx.args
+    rng = tok.rng(name)
+    docs = [tok.ids(a.rag_doc_tokens, name, "doc", d) for d in range(a.rag_docs)]
+    order = [i % a.rag_docs for i in range(a.rag_requests)]
+    rng.shuffle(order)
+    t, seen, tasks = 0.0, set(), []
+    t0 = time.perf_counter()
+    for i, d in enumerate(order):
+        ids = docs[d] + tok.ids(a.rag_question_tokens, name, "q", i)
+        reusable = a.rag_doc_tokens if d in seen else 0
+        seen.add(d)
+        tasks.append(
+            _at(
+                t - (time.perf_counter() - t0),
+                c.generate(
+                    ids,
+                    workload=name,
+                    group=f"doc{d}",
+                    idx=i,
+                    t0=t0,
+                    max_new_tokens=a.max_new_tokens,
+                    reusable=reusable,
+                ),
+            )
+        )
+        t += rng.expovariate(a.rag_rate)
+    with c.bar(len(tasks), name):
+        await asyncio.gather(*tasks)
+    return {"arrival_rate_per_s": a.rag_rate}
+
+
+async def wl_agent(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(3) 8 sessions x 6 turns; each turn appends the reply and a tool output (~48K at the end)."""
+    c, tok, a = ctx.client, ctx.tokens, ctx.args
+    system = tok.ids(a.agent_system_tokens, name, "system")
+    t0 = time.perf_counter()
+
+    async def session(s: int) -> None:
+        ctx_ids = system + tok.ids(a.agent_first_tokens - a.agent_system_tokens, name, s, "task")
+        reusable = 0
+        for turn in range(a.agent_turns):
+            rec = await c.generate(
+                ctx_ids,
+                workload=name,
+                group=f"turn{turn + 1}",
+                idx=s * a.agent_turns + turn,
+                t0=t0,
+                max_new_tokens=a.max_new_tokens,
+                reusable=reusable,
+                session=s,
+                turn=turn + 1,
+            )
+            out = rec.output_ids or tok.ids(a.max_new_tokens, name, s, turn, "reply")
+            # SGLang caches prompt + reply minus the reply's last token when a request finishes.
+            reusable = len(ctx_ids) + max(0, len(out) - 1)
+            ctx_ids = ctx_ids + list(out) + tok.ids(a.agent_tool_tokens, name, s, turn, "tool")
+            if a.agent_think_s > 0:
+                await asyncio.sleep(a.agent_think_s)
+
+    with c.bar(a.agent_sessions * a.agent_turns, name):
+        await asyncio.gather(*(session(s) for s in range(a.agent_sessions)))
+    return {}
+
+
+async def wl_unique(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(4) unique long documents, 8K / 32K / 100K, no reuse, one at a time."""
+    c, tok, a = ctx.client, ctx.tokens, ctx.args
+    plan = [(n, r) for n, reps in zip(a.unique_lengths, a.unique_reps, strict=True) for r in range(reps)]
+    with c.bar(len(plan), name):
+        for i, (n, r) in enumerate(plan):
+            t0 = time.perf_counter()
+            await c.generate(
+                tok.ids(n, name, n, r),
+                workload=name,
+                group=size_label(n),
+                idx=i,
+                t0=t0,
+                max_new_tokens=a.max_new_tokens,
+                rep=r,
+            )
+    return {}
+
+
+async def wl_mixed(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(5) short requests (Poisson) while long unique prompts arrive every few seconds."""
+    c, tok, a = ctx.client, ctx.tokens, ctx.args
+    rng = tok.rng(name)
+    t0 = time.perf_counter()
+    tasks = []
+    for i in range(a.mixed_long_n):
+        tasks.append(
+            _at(
+                i * a.mixed_long_every_s,
+                c.generate(
+                    tok.ids(a.mixed_long_tokens, name, "long", i),
+                    workload=name,
+                    group="long",
+                    idx=i,
+                    t0=t0,
+                    max_new_tokens=a.max_new_tokens,
+                ),
+            )
+        )
+    t = rng.expovariate(a.mixed_short_rate)
+    for j in range(a.mixed_short_n):
+        n = rng.randint(a.mixed_short_min, a.mixed_short_max)
+        tasks.append(
+            _at(
+                t,
+                c.generate(
+                    tok.ids(n, name, "short", j),
+                    workload=name,
+                    group="short",
+                    idx=a.mixed_long_n + j,
+                    t0=t0,
+                    max_new_tokens=a.max_new_tokens,
+                ),
+            )
+        )
+        t += rng.expovariate(a.mixed_short_rate)
+    with c.bar(len(tasks), name):
+        await asyncio.gather(*tasks)
+    return {}
+
+
+def pressure_names(ratios: list[float]) -> list[str]:
+    """One pressure workload per working-set ratio: 'pressure' alone, else 'pressure-<ratio>x'."""
+    return ["pressure"] if len(ratios) == 1 else [f"pressure-{r:g}x" for r in ratios]
+
+
+def workload_kind(name: str) -> str:
+    """'pressure-1.5x' -> 'pressure'; other names are their own kind."""
+    return name.partition("-")[0]
+
+
+async def wl_pressure(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(6) multi-turn sessions, round-robin, whose working set is a multiple of the KV pool
+    (--pressure-ratio; several ratios run as pressure-<ratio>x, one after the other)."""
+    c, tok, a = ctx.client, ctx.tokens, ctx.args
+    ratio = (
+        float(name.removeprefix("pressure-").removesuffix("x")) if name != "pressure" else a.pressure_ratio[0]
+    )
+    final_len = a.pressure_first_tokens + (a.pressure_turns - 1) * (a.pressure_tool_tokens + a.max_new_tokens)
+    pool = ctx.pool_tokens
+    if a.pressure_sessions > 0:
+        n_sessions = a.pressure_sessions
+    elif pool:
+        n_sessions = max(2, min(a.pressure_max_sessions, math.ceil(ratio * pool / final_len)))
+    else:
+        raise RuntimeError("pressure: server did not report max_total_num_tokens; pass --pressure-sessions")
+    ctx_ids = [tok.ids(a.pressure_first_tokens, name, s, "first") for s in range(n_sessions)]
+    reusable = [0] * n_sessions
+    t0 = time.perf_counter()
+    idx = 0
+    sem = asyncio.Semaphore(a.pressure_concurrency)
+
+    async def one(s: int, turn: int) -> None:
+        nonlocal idx
+        async with sem:
+            i = idx
+            idx += 1
+            rec = await c.generate(
+                ctx_ids[s],
+                workload=name,
+                group=f"turn{turn + 1}",
+                idx=i,
+                t0=t0,
+                max_new_tokens=a.max_new_tokens,
+                reusable=reusable[s],
+                session=s,
+                turn=turn + 1,
+            )
+        out = rec.output_ids or tok.ids(a.max_new_tokens, name, s, turn, "reply")
+        reusable[s] = len(ctx_ids[s]) + max(0, len(out) - 1)
+        ctx_ids[s] = ctx_ids[s] + list(out) + tok.ids(a.pressure_tool_tokens, name, s, turn, "tool")
+
+    with c.bar(n_sessions * a.pressure_turns, name):
+        for turn in range(a.pressure_turns):
+            await asyncio.gather(*(one(s, turn) for s in range(n_sessions)))
+    return {
+        "pool_tokens": pool,
+        "sessions": n_sessions,
+        "final_context_tokens": final_len,
+        "working_set_over_pool": (n_sessions * final_len / pool) if pool else None,
+    }
+
+
+WORKLOADS: dict[str, WorkloadFn] = {
+    "baseline": wl_baseline,
+    "burst": wl_burst,
+    "rag": wl_rag,
+    "agent": wl_agent,
+    "unique": wl_unique,
+    "mixed": wl_mixed,
+    "pressure": wl_pressure,
+}
