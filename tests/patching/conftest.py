@@ -11,10 +11,10 @@ import pytest
 
 @pytest.fixture
 def sglang_site(sglang_copy: Path, sglang_dir: Path, sglang_version: str) -> Path:
-    """`sglang_copy` plus the RECORD's files outside `sglang/` (0.5.17 also installs `tools/`), so
-    that the copy holds every file the RECORD hashes (pip's bin/ scripts aside)."""
+    """`sglang_copy` plus the hashed RECORD files outside `sglang/` (0.5.17 also installs `tools/`),
+    so that the copy holds every file the RECORD hashes (pip's bin/ scripts aside)."""
     with open(sglang_copy / f"sglang-{sglang_version}.dist-info" / "RECORD", encoding="utf-8") as f:
-        names = [row[0] for row in csv.reader(f) if row and not row[0].startswith("../")]
+        names = [name for name, digest, *_ in csv.reader(f) if digest and not name.startswith("../")]
     for name in names:
         if not (sglang_copy / name).exists() and (sglang_dir / name).is_file():
             (sglang_copy / name).parent.mkdir(parents=True, exist_ok=True)

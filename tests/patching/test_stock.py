@@ -20,14 +20,15 @@ from tests.patching.test_patch_set import cli, record_mismatches, tree_hashes
 
 
 def stand_in_wheel(site: Path, version: str, folder: Path) -> Path:
-    """A wheel of every file SGLang's RECORD lists in `site` (pip's bin/ scripts aside)."""
-    dist_info = f"sglang-{version}.dist-info"
-    with open(site / dist_info / "RECORD", encoding="utf-8", newline="") as f:
-        names = [row[0] for row in csv.reader(f) if row and not row[0].startswith("../")]
+    """A wheel of every file SGLang's RECORD hashes in `site` (pip's bin/ scripts aside) and the
+    RECORD itself."""
+    record = f"sglang-{version}.dist-info/RECORD"
+    with open(site / record, encoding="utf-8", newline="") as f:
+        names = [name for name, digest, *_ in csv.reader(f) if digest and not name.startswith("../")]
     folder.mkdir(parents=True, exist_ok=True)
     wheel = folder / f"sglang-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
-        for name in names:
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        for name in [*names, record]:
             z.write(site / name, name)
     return wheel
 
