@@ -1,14 +1,24 @@
 """The SGLang versions this package supports: exactly those it ships patches for.
 
-The patch folders (`patches/sglang-X/`, package data) are the one list; the adapters, the CLI,
-make and CI all read it from here (CI and make list the folders).
+The patch folders (`patches/sglang-X/` at the repository root) are the one list; the adapters, the
+CLI, make and CI all read it (CI and make list the folders).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-PATCHES_ROOT = Path(__file__).resolve().parent / "patches"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _patches_root() -> Path:
+    """A wheel carries the patches inside the package (setup.py maps the repository's `patches/`
+    there); a checkout, installed editable or on PYTHONPATH, keeps them at the repository root."""
+    shipped = _PACKAGE / "patches"
+    return shipped if shipped.is_dir() else _PACKAGE.parent / "patches"
+
+
+PATCHES_ROOT = _patches_root()
 
 
 def version_key(version: str) -> tuple:

@@ -1,8 +1,16 @@
-"""The demo's closing summary, read from the two CPU benchmarks' tables."""
+"""The demo's closing summary, read from the two CPU benchmarks' tables, and the third-party
+warnings its steps hold back."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from bench.replay import demo_summary
+
+REPO = Path(__file__).resolve().parents[1]
 
 REPLAY = """command: python bench/schedule_replay.py --lpm-waiting 128
 
@@ -39,3 +47,43 @@ def test_summary_names_savings_costs_and_the_tree_ratios() -> None:
     radix = demo_summary.radix_lines(RADIX)
     assert radix[0].startswith("Prefix tree vs stock RadixCache: insert 2.2-2.5x; evict 0.8-1.2x")
     assert radix[1].startswith("evict below 1x")
+
+
+STEP = """import logging, sys, warnings
+import torch  # torch logs through its own handler, which does not propagate to the root
+warnings.warn("a third-party warning")  # this file is outside the project's code
+for _ in range(2):
+    logging.getLogger("sglang.srt.server_args").warning("Cuda graph is disabled")
+logging.getLogger("torch").warning("No CUDA runtime is found")
+logging.getLogger("sglang.srt.server_args").error("an error")
+logging.getLogger("sglang_prefill_ext.ops").warning("the project's own warning")
+print("the step's own line")
+sys.exit(3)
+"""
+
+
+def test_demo_step_holds_third_party_warnings_only(tmp_path: Path) -> None:
+    step, held = tmp_path / "step.py", tmp_path / "held.txt"
+    step.write_text(STEP)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "demo_step.py"), str(step)],
+        env={**os.environ, "DEMO_HELD": str(held)},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 3
+    assert result.stdout == "the step's own line\n"
+    assert "an error" in result.stderr and "the project's own warning" in result.stderr
+    for hidden in ("third-party", "Cuda graph", "No CUDA runtime"):
+        assert hidden not in result.stderr
+    lines = held.read_text().splitlines()
+    assert lines == [
+        "UserWarning: a third-party warning",
+        "sglang.srt.server_args: Cuda graph is disabled",
+        "sglang.srt.server_args: Cuda graph is disabled",
+        "torch: No CUDA runtime is found",
+    ]
+    assert demo_summary.held_line(lines) == (
+        "4 third-party warnings (3 distinct) hidden; DEMO_VERBOSE=1 shows them."
+    )
+    assert demo_summary.held_line([]) is None

@@ -1,7 +1,8 @@
 """The CPU demo's takeaway: what the extension saved and where it costs, read from the tables that
-`bench/replay/schedule_replay.py` and `bench/replay/radix_bench.py` printed (their stdout, saved to files).
+`bench/replay/schedule_replay.py` and `bench/replay/radix_bench.py` printed (their stdout, saved to files), and
+how many third-party warnings the demo held back (`scripts/demo_step.py`'s file).
 
-    python -m bench.replay.demo_summary REPLAY_OUTPUT RADIX_OUTPUT
+    python -m bench.replay.demo_summary REPLAY_OUTPUT RADIX_OUTPUT [--held FILE]
 """
 
 from __future__ import annotations
@@ -96,14 +97,25 @@ def radix_lines(text: str) -> list[str]:
     return lines
 
 
+def held_line(held: list[str]) -> str | None:
+    """One line counting the held warnings (one per line of `held`), or None when there were none."""
+    if not held:
+        return None
+    return f"{len(held)} third-party warnings ({len(set(held))} distinct) hidden; DEMO_VERBOSE=1 shows them."
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("replay", type=Path)
     parser.add_argument("radix", type=Path)
+    parser.add_argument("--held", type=Path, default=None, help="scripts/demo_step.py's held warnings")
     args = parser.parse_args()
     print("== Summary")
     for line in replay_lines(args.replay.read_text()) + radix_lines(args.radix.read_text()):
         print(f"- {line}")
+    held = held_line(args.held.read_text().splitlines() if args.held else [])
+    if held:
+        print(held)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ import hashlib
 import importlib.util
 import os
 import re
+import shlex
+import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +44,7 @@ class Inspection:
     other: str | None  # PRISTINE: the patched content; PATCHED: the stock content
 
 
-def _record_digest(data: bytes) -> str:
+def record_digest(data: bytes) -> str:
     """A file's hash as a wheel's RECORD writes it."""
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
@@ -60,7 +63,7 @@ class TargetFile:
             return f.read()
 
     def _is_stock(self, content: str) -> bool:
-        return _record_digest(content.encode("utf-8")) == self.stock_digest
+        return record_digest(content.encode("utf-8")) == self.stock_digest
 
     def inspect(self) -> Inspection:
         content = self.read()
@@ -102,11 +105,23 @@ def installed_version(sglang_dir: Path) -> str:
     raise PatchError(f"{sglang_dir} holds no sglang/_version.py or sglang dist-info: not an SGLang install")
 
 
+def reinstall_command(sglang_dir: Path, version: str) -> str:
+    """The pip line, for this interpreter, that puts stock SGLang `version` back into `sglang_dir`."""
+    line = [sys.executable, "-m", "pip", "install", "--force-reinstall", "--no-deps"]
+    purelib, platlib = (Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib"))
+    if sglang_dir.resolve() not in (purelib, platlib):
+        line += ["--upgrade", "--target", str(sglang_dir)]  # --upgrade: replace what is there
+    return shlex.join([*line, f"sglang=={version}"])
+
+
 def stock_digests(sglang_dir: Path, version: str) -> dict[str, str]:
     """Path (relative to `sglang_dir`) -> sha256 of the file as SGLang's wheel installed it."""
     record = sglang_dir / f"sglang-{version}.dist-info" / "RECORD"
     if not record.is_file():
-        raise PatchError(f"{record} is missing: the stock content of SGLang's files cannot be checked")
+        raise PatchError(
+            f"{record} is missing: the stock content of SGLang's files cannot be checked; "
+            f"reinstall SGLang: {reinstall_command(sglang_dir, version)}"
+        )
     with open(record, encoding="utf-8", newline="") as f:
         return {row[0]: row[1] for row in csv.reader(f) if len(row) >= 2 and row[1]}
 
@@ -163,13 +178,20 @@ class PatchSet:
         done = [t.diff.path for t, i in found.items() if i.state is FileState.PATCHED]
         return "partially applied: " + ", ".join(done)
 
+    def way_back(self) -> str:
+        """How to get stock files back when some are foreign: ends with the exact pip line."""
+        return (
+            "revert --force-stock (from SGLang's wheel in pip's cache or --wheel PATH), or "
+            + reinstall_command(self.sglang_dir, self.version)
+        )
+
     def _plan(self, forward: bool) -> dict[TargetFile, str]:
         """New content for every file that must change; raises if any file blocks the verb."""
         found = self.inspect()
         blocked = [(t, i.state) for t, i in found.items() if i.state in _BLOCKING]
         if blocked:
             names = "; ".join(f"{t.path} ({s.value}, patch {t.patch.name})" for t, s in blocked)
-            raise PatchError(f"refused, nothing changed: {names}")
+            raise PatchError(f"refused, nothing changed: {names}; back to stock: {self.way_back()}")
         todo = FileState.PRISTINE if forward else FileState.PATCHED
         return {t: i.other for t, i in found.items() if i.state is todo and i.other is not None}
 
@@ -178,28 +200,35 @@ class PatchSet:
         return [str(t.path) for t in self._plan(forward)]
 
     def apply(self) -> list[str]:
-        return self._write(self._plan(forward=True))
+        return self._change(forward=True)
 
     def revert(self) -> list[str]:
-        return self._write(self._plan(forward=False))
+        return self._change(forward=False)
 
-    @staticmethod
-    def _write(plan: dict[TargetFile, str]) -> list[str]:
-        staged: list[tuple[str, Path]] = []
-        try:
-            for target, content in plan.items():
-                fd, tmp = tempfile.mkstemp(dir=target.path.parent, prefix=f".{target.path.name}.")
-                with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                    f.write(content)
-                os.chmod(tmp, target.path.stat().st_mode & 0o7777)
-                staged.append((tmp, target.path))
-        except BaseException:
-            for tmp, _ in staged:
-                os.unlink(tmp)
-            raise
-        for tmp, path in staged:
-            os.replace(tmp, path)
-        return [str(path) for _, path in staged]
+    def _change(self, forward: bool) -> list[str]:
+        return write_files({t.path: content.encode("utf-8") for t, content in self._plan(forward).items()})
+
+
+def write_files(contents: dict[Path, bytes]) -> list[str]:
+    """Write every file or none: each is staged next to its target, then all are renamed into place.
+    A file keeps its mode; a missing one is created (0644, with its folders)."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in contents.items():
+            mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, mode)
+            staged.append((tmp, path))
+    except BaseException:
+        for tmp, _ in staged:
+            os.unlink(tmp)
+        raise
+    for tmp, path in staged:
+        os.replace(tmp, path)
+    return [str(path) for _, path in staged]
 
 
 _BLOCKING = (FileState.FOREIGN, FileState.MISSING)

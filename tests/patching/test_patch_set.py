@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import csv
 import hashlib
 import subprocess
 import sys
@@ -21,6 +23,22 @@ def tree_hashes(root: Path) -> dict[str, str]:
         for p in sorted(root.rglob("*"))
         if p.is_file()
     }
+
+
+def record_mismatches(site: Path, version: str) -> list[str]:
+    """The files of SGLang's RECORD in `site` (not pip's bin/ scripts) whose sha256 is not the
+    RECORD's, or that are missing."""
+    with open(site / f"sglang-{version}.dist-info" / "RECORD", encoding="utf-8", newline="") as f:
+        rows = [(name, digest) for name, digest, *_ in csv.reader(f) if digest and not name.startswith("../")]
+    differ = []
+    for name, digest in rows:
+        path = site / name
+        data = path.read_bytes() if path.is_file() else None
+        if data is None or digest != "sha256=" + base64.urlsafe_b64encode(
+            hashlib.sha256(data).digest()
+        ).rstrip(b"=").decode("ascii"):
+            differ.append(name)
+    return sorted(differ)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

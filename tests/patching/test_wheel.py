@@ -25,12 +25,9 @@ def test_wheel_installed_non_editable_patches_sglang(
 ) -> None:
     # `pip install .` from a source tree holding only what a checkout ships for the package.
     source = tmp_path / "source"
-    shutil.copytree(
-        REPO / "sglang_prefill_ext",
-        source / "sglang_prefill_ext",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for name in ("pyproject.toml", "README.md"):
+    for folder in ("sglang_prefill_ext", "patches"):
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, source / name)
     env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     run(
