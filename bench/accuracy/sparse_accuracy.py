@@ -10,7 +10,7 @@ causal), then once per config with every layer from `--dense-layers` on attendin
 server runs (`SparsePrefill.attend`: one KV pool slot per position, selection and plan in every sparse
 layer, or with --shared once at the first; a first layout denser than --max-density declines the forward,
 which then runs dense). With --emulate the model runs in fp32 and every layer, dense reference included,
-through exact attention a chunk of queries at a time (ops/reference.py: nothing is L x L), the sparse layers
+through exact attention a chunk of queries at a time (ops/exact.py: nothing is L x L), the sparse layers
 over their kept blocks only: only the selection differs from dense (--tf32: TF32 matmuls in that attention,
 for 128K in minutes; dense and sparse share the rounding).
 
@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.lib.real_text import corpus_ids
-from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
-from sglang_prefill_ext.ops.reference import block_sparse_attention, exact_block_mass
+from sglang_prefill_ext.ops import BlockLayout, BlockSparseAttention, SparsePrefill, SparseSettings
+from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
 from sglang_prefill_ext.ops.scoring import select_by_mass, structural_blocks
 
 TAIL_FROM = 1024
@@ -345,7 +345,7 @@ def main() -> None:
         if config.scorer == "oracle" and not emulate:
             parser.error("oracle:MASS needs --emulate (it reads the exact attention)")
         settings = config.settings(a.block_size, a.samples, a.local_blocks)
-        sparse = SparsePrefill(settings, None if emulate else BlockSparsePrefill(workspace))
+        sparse = SparsePrefill(settings, None if emulate else BlockSparseAttention(workspace))
         oracle = Oracle(per_layer=config.layer_mass) if config.scorer == "oracle" else None
         attentions[config.text] = SparseAttention(
             sparse, a.dense_layers, not a.shared, emulate, oracle=oracle, max_density=a.max_density

@@ -175,7 +175,7 @@ for v in $VARIANTS; do
   fi
 done
 if [ ${#sums[@]} -gt 0 ]; then
-  $PY -m bench.serving.ttft_bench report "${sums[@]}" --reference bench/reference/h200-stock-2026-11-29.json \
+  $PY -m bench.serving.ttft_bench report "${sums[@]}" --reference bench/baselines/h200-stock-2026-11-29.json \
     --out-md "$OUT/report.md" --out-png "$OUT/ttft-cdf.png" || log "report failed"
 fi
 robust=()

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
+from sglang_prefill_ext.ops import BlockLayout, BlockSparseAttention, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.plan import PlanIndices, build_plan_indices
 from sglang_prefill_ext.ops.settings import SCORERS
 
@@ -181,7 +181,7 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
     scale = D**-0.5
     causal_blocks = layout.num_rows * (layout.num_rows + 1) / 2 * HKV
     for scorer in SCORERS:
-        sparse = SparsePrefill(SparseSettings(scorer=scorer), BlockSparsePrefill(workspace, backends[0]))
+        sparse = SparsePrefill(SparseSettings(scorer=scorer), BlockSparseAttention(workspace, backends[0]))
         sparse.begin(layout, locs)
         select_ms = timed(lambda s=sparse: s.select(q, k, scale), reps)
         mask = sparse.select(q, k, scale)
@@ -216,7 +216,7 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
         rmask = (rand | (cols[None, :] == cols[:, None])) & causal
         flops = plan_flops(build_plan_indices(rmask, layout, locs))
         for backend in backends:
-            sparse = SparsePrefill(SparseSettings(), BlockSparsePrefill(workspace, backend))
+            sparse = SparsePrefill(SparseSettings(), BlockSparseAttention(workspace, backend))
             sparse.begin(layout, locs)
             sparse.plan(rmask, q, scale)
             ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
@@ -262,7 +262,7 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
     ]
     locs = torch.arange(total, device=DEV)
     for scorer in ("hybrid", "sampled", "pooled"):
-        sparse = SparsePrefill(SparseSettings(scorer=scorer), BlockSparsePrefill(workspace))
+        sparse = SparsePrefill(SparseSettings(scorer=scorer), BlockSparseAttention(workspace))
         layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV)
         sparse.begin(layout, locs)
         select_ms = timed(lambda s=sparse: s.select(q_chunk, k, scale), 5)

@@ -11,7 +11,7 @@ from typing import Any
 
 _HOMES = {
     "BlockLayout": "layout",
-    "BlockSparsePrefill": "attention",
+    "BlockSparseAttention": "attention",
     "SparsePrefill": "sparse_prefill",
     "SparseSettings": "settings",
     "context_locs": "layout",

@@ -56,7 +56,7 @@ def direct_planning_supported() -> bool:
     return False
 
 
-class BlockSparsePrefill:
+class BlockSparseAttention:
     """Plan once, run per layer: causal attention of a batch's queries over kept blocks of the KV pool.
 
     Planning goes straight to FlashInfer's C++ planner. The wrapper's public `plan` takes the

@@ -86,7 +86,7 @@ def expand_blocks_triton(runs: BlockRuns) -> torch.Tensor:
     return out
 
 
-def expand_blocks_reference(runs: BlockRuns) -> torch.Tensor:
+def expand_blocks_torch(runs: BlockRuns) -> torch.Tensor:
     length, total = runs.length.long(), runs.total  # the blocks are written back to back, in order
     within = torch.arange(total, device=runs.locs.device) - torch.repeat_interleave(
         torch.cumsum(length, 0) - length, length, output_size=total
@@ -99,7 +99,7 @@ def expand_blocks_reference(runs: BlockRuns) -> torch.Tensor:
 def build_plan_indices(
     mask: torch.Tensor, layout: BlockLayout, locs: torch.Tensor, num_kv_heads: int | None = None
 ) -> PlanIndices:
-    """Indices for `BlockSparsePrefill.plan` from a kept-block mask [Hm, R, C] (per KV head, or per query
+    """Indices for `BlockSparseAttention.plan` from a kept-block mask [Hm, R, C] (per KV head, or per query
     head: Hm a multiple of the pool's `num_kv_heads`, default Hm) and the context's KV slots."""
     num_mask_heads, num_rows, _ = mask.shape
     num_kv_heads = num_kv_heads or num_mask_heads
@@ -111,7 +111,7 @@ def build_plan_indices(
     kv_indptr = torch.zeros(counts.numel() + 1, dtype=torch.int32)
     kv_indptr[1:] = torch.cumsum(counts, 0).cpu()
     total = int(kv_indptr[-1])
-    expand = expand_blocks_triton if triton_enabled(mask) else expand_blocks_reference
+    expand = expand_blocks_triton if triton_enabled(mask) else expand_blocks_torch
     runs = BlockRuns(
         locs,
         layout.key_tok_start[key],

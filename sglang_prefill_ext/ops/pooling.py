@@ -78,7 +78,7 @@ def segment_mean_triton(x: torch.Tensor, seg: Segments) -> torch.Tensor:
     return out
 
 
-def segment_mean_reference(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+def segment_mean_torch(x: torch.Tensor, seg: Segments) -> torch.Tensor:
     length = seg.length.long()
     total = int(length.sum())
     num = seg.start.numel()
@@ -97,7 +97,7 @@ def segment_mean_reference(x: torch.Tensor, seg: Segments) -> torch.Tensor:
 
 def segment_mean(x: torch.Tensor, seg: Segments) -> torch.Tensor:
     """Mean of x's rows per segment, [S, H, D] float32 (see the module's docstring)."""
-    impl = segment_mean_triton if triton_enabled(x) else segment_mean_reference
+    impl = segment_mean_triton if triton_enabled(x) else segment_mean_torch
     return impl(x, seg)
 
 

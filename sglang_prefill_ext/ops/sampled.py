@@ -237,7 +237,7 @@ def block_mass_triton(
     return mass.permute(0, 3, 1, 2).reshape(num_qo_heads, num_rows, num_cols)
 
 
-def block_mass_reference(
+def block_mass_torch(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
     locs: torch.Tensor,
@@ -295,4 +295,4 @@ def block_mass(
         return block_mass_triton(
             q, k_buffer, locs, layout, samples, sm_scale, geometry, per_query_head=per_query_head
         )
-    return block_mass_reference(q, k_buffer, locs, layout, samples, sm_scale, per_query_head)
+    return block_mass_torch(q, k_buffer, locs, layout, samples, sm_scale, per_query_head)

@@ -139,7 +139,7 @@ def select_blocks_triton(
     return out.bool()
 
 
-def block_scores_reference(
+def block_scores_torch(
     qpool: torch.Tensor, kpool: torch.Tensor, layout: BlockLayout, sm_scale: float
 ) -> torch.Tensor:
     """Pooled scores s [Hq, R, max_key_blocks], -inf outside each row's causal blocks."""
@@ -170,11 +170,11 @@ def structural_blocks(layout: BlockLayout, settings: SparseSettings, device: tor
     return structural & (cols <= diag)
 
 
-def select_blocks_reference(
+def select_blocks_torch(
     qpool: torch.Tensor, kpool: torch.Tensor, layout: BlockLayout, settings: SparseSettings, sm_scale: float
 ) -> torch.Tensor:
     num_kv_heads = kpool.shape[1]
-    s = block_scores_reference(qpool, kpool, layout, sm_scale)
+    s = block_scores_torch(qpool, kpool, layout, sm_scale)
     num_qo_heads, num_rows, num_cols = s.shape
     causal = torch.isfinite(s[0])
     best = s.amax(-1, keepdim=True)
@@ -202,5 +202,5 @@ def select_blocks(
     qpool: torch.Tensor, kpool: torch.Tensor, layout: BlockLayout, settings: SparseSettings, sm_scale: float
 ) -> torch.Tensor:
     """Kept blocks, bool [Hkv, R, max_key_blocks] (see the module's docstring)."""
-    impl = select_blocks_triton if triton_enabled(qpool) else select_blocks_reference
+    impl = select_blocks_triton if triton_enabled(qpool) else select_blocks_torch
     return impl(qpool, kpool, layout, settings, sm_scale)

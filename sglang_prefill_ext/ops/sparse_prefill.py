@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import BlockSparsePrefill
+from .attention import BlockSparseAttention
 from .layout import BlockLayout
 from .plan import build_plan_indices
 from .pooling import key_segments, pool_keys, pool_queries
@@ -22,7 +22,7 @@ from .settings import SparseSettings
 
 
 class SparsePrefill:
-    def __init__(self, settings: SparseSettings, attention: BlockSparsePrefill) -> None:
+    def __init__(self, settings: SparseSettings, attention: BlockSparseAttention) -> None:
         self.settings = settings
         self.attention = attention
         self._layout: BlockLayout | None = None

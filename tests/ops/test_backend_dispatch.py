@@ -17,7 +17,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E4
 from sglang_prefill_ext.adapters.v0_5_17.flashinfer import PrefillExtFlashInferBackend  # noqa: E402
 from sglang_prefill_ext.adapters.v0_5_17.sparse import SparseExtend, sparse_settings  # noqa: E402
 from sglang_prefill_ext.config import PrefillExtConfig  # noqa: E402
-from sglang_prefill_ext.ops import BlockSparsePrefill, SparsePrefill  # noqa: E402
+from sglang_prefill_ext.ops import BlockSparseAttention, SparsePrefill  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS, SLOTS = 4, 2, 16, 4, 4096
 
@@ -41,7 +41,7 @@ def _backend(**options) -> PrefillExtFlashInferBackend:
     )
     backend.forward_metadata = types.SimpleNamespace(swa_out_cache_loc=None)
     backend.kv_cache_quant_method = types.SimpleNamespace(needs_global_scale=lambda: False)
-    attention = BlockSparsePrefill.__new__(BlockSparsePrefill)  # its FlashInfer wrapper needs a GPU
+    attention = BlockSparseAttention.__new__(BlockSparseAttention)  # its FlashInfer wrapper needs a GPU
     backend.ext_path = SparseExtend(backend, config, SparsePrefill(sparse_settings(config), attention))
     return backend
 

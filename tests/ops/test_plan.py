@@ -8,13 +8,13 @@ import pytest
 import torch
 from kvpool import causal_attention, emulate_paged_prefill, make_pool, request_kv, token_keep_mask
 
-from sglang_prefill_ext.ops.attention import BlockSparsePrefill, to_head_major, to_token_major
+from sglang_prefill_ext.ops.attention import BlockSparseAttention, to_head_major, to_token_major
 from sglang_prefill_ext.ops.layout import BlockLayout, context_locs
 from sglang_prefill_ext.ops.plan import (
     BlockRuns,
     PlanIndices,
     build_plan_indices,
-    expand_blocks_reference,
+    expand_blocks_torch,
     expand_blocks_triton,
 )
 
@@ -37,7 +37,7 @@ def _random_mask(layout: BlockLayout, num_kv_heads: int, density: float) -> torc
     return keep & (cols <= diag)
 
 
-def test_expand_triton_matches_reference() -> None:
+def test_expand_triton_matches_torch() -> None:
     _, layout, locs, _ = _setup([37, 0], [60, 45], 4, (4, 2))
     mask = _random_mask(layout, 2, 0.5)
     head, row, col = mask.nonzero(as_tuple=True)
@@ -45,7 +45,7 @@ def test_expand_triton_matches_reference() -> None:
     length = layout.key_len[key].long()
     dest = torch.cumsum(length, 0) - length
     runs = BlockRuns(locs, layout.key_tok_start[key], length, dest, head, 2, int(length.sum()), BLOCK)
-    assert torch.equal(expand_blocks_triton(runs), expand_blocks_reference(runs))
+    assert torch.equal(expand_blocks_triton(runs), expand_blocks_torch(runs))
 
 
 def test_indices_list_kept_tokens_per_head_and_row_with_the_diagonal_last() -> None:
@@ -116,7 +116,7 @@ def test_emulated_sparse_prefill_equals_masked_dense_attention(
 
 
 class _FakeWrapper(types.SimpleNamespace):
-    """The parts of FlashInfer's paged prefill wrapper that `BlockSparsePrefill` plans through."""
+    """The parts of FlashInfer's paged prefill wrapper that `BlockSparseAttention` plans through."""
 
     def __init__(self, backend: str) -> None:
         super().__init__(
@@ -138,8 +138,8 @@ class _FakeWrapper(types.SimpleNamespace):
         self.public_calls.append((qo_indptr.tolist(), kv_indptr.tolist(), args, kwargs))
 
 
-def _attention(backend: str = "fa2") -> BlockSparsePrefill:
-    attention = BlockSparsePrefill.__new__(BlockSparsePrefill)
+def _attention(backend: str = "fa2") -> BlockSparseAttention:
+    attention = BlockSparseAttention.__new__(BlockSparseAttention)
     attention._wrapper = _FakeWrapper(backend)
     attention._num_kv_heads = 0
     attention._signature = None

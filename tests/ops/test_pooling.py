@@ -10,7 +10,7 @@ from sglang_prefill_ext.ops.pooling import (
     key_segments,
     pool_queries,
     query_segments,
-    segment_mean_reference,
+    segment_mean_torch,
     segment_mean_triton,
 )
 
@@ -26,7 +26,7 @@ def test_query_means_match_reference_and_plain_mean() -> None:
     _, layout, _ = _batch()
     q = torch.randn(layout.num_tokens, 8, 32).bfloat16()
     got = pool_queries(q, layout)
-    ref = segment_mean_reference(q, query_segments(layout))
+    ref = segment_mean_torch(q, query_segments(layout))
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     r = 4
     start, length = int(layout.row_q_start[r]), int(layout.row_q_len[r])
@@ -36,7 +36,7 @@ def test_query_means_match_reference_and_plain_mean() -> None:
 def test_key_means_gather_through_kv_slots() -> None:
     pool, layout, locs = _batch()
     got = segment_mean_triton(pool.k, key_segments(layout, locs))
-    ref = segment_mean_reference(pool.k, key_segments(layout, locs))
+    ref = segment_mean_torch(pool.k, key_segments(layout, locs))
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     b, block = 2, 3
     key = int(layout.req_key_offset[b]) + block

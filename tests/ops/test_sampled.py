@@ -7,7 +7,7 @@ import torch
 
 from sglang_prefill_ext.ops.layout import BlockLayout
 from sglang_prefill_ext.ops.sampled import (
-    block_mass_reference,
+    block_mass_torch,
     block_mass_triton,
     row_tiles,
     sample_offsets,
@@ -32,19 +32,19 @@ def _batch(heads: tuple[int, int], head_dim: int, prefix: list[int], extend: lis
 @pytest.mark.parametrize(("heads", "head_dim"), [((8, 2), 32), ((9, 3), 64), ((4, 4), 16)])
 @pytest.mark.parametrize("samples", [1, 3])
 @pytest.mark.parametrize("chunk_cols", [32, 3])
-def test_triton_mass_matches_reference(
+def test_triton_mass_matches_torch(
     heads: tuple[int, int], head_dim: int, samples: int, chunk_cols: int
 ) -> None:
     """Also with key-block chunks that end inside the rows' unmasked and diagonal ranges."""
     layout, q, k_buffer, locs = _batch(heads, head_dim, [0, 37, 200, 5], [90, 29, 40, 3])
     got = block_mass_triton(q, k_buffer, locs, layout, samples, head_dim**-0.5, chunk_cols=chunk_cols)
-    want = block_mass_reference(q, k_buffer, locs, layout, samples, head_dim**-0.5)
+    want = block_mass_torch(q, k_buffer, locs, layout, samples, head_dim**-0.5)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     per_q = block_mass_triton(
         q, k_buffer, locs, layout, samples, head_dim**-0.5, chunk_cols=chunk_cols, per_query_head=True
     )
     torch.testing.assert_close(
-        per_q, block_mass_reference(q, k_buffer, locs, layout, samples, head_dim**-0.5, per_query_head=True),
+        per_q, block_mass_torch(q, k_buffer, locs, layout, samples, head_dim**-0.5, per_query_head=True),
         atol=2e-5, rtol=1e-4,
     )  # fmt: skip
     # a KV head's mass is the mean of its query heads'
@@ -53,7 +53,7 @@ def test_triton_mass_matches_reference(
 
 def test_mass_rows_sum_to_one_and_vanish_after_the_diagonal() -> None:
     layout, q, k_buffer, locs = _batch((4, 2), 16, [50, 0], [60, 130])
-    mass = block_mass_reference(q, k_buffer, locs, layout, 2, 0.25)
+    mass = block_mass_torch(q, k_buffer, locs, layout, 2, 0.25)
     torch.testing.assert_close(mass.sum(-1), torch.ones(2, layout.num_rows))
     after = torch.arange(layout.max_key_blocks)[None, :] > layout.row_block.long()[:, None]
     assert float(mass[:, after].abs().max()) == 0.0
@@ -87,13 +87,13 @@ def test_structural_blocks_survive_zero_mass_and_nothing_acausal_is_kept() -> No
     settings = SparseSettings(block_size=BLOCK, mass=0.0, sink_blocks=1, local_blocks=2, last_blocks=1)
     keep = select_by_mass(torch.zeros(2, layout.num_rows, layout.max_key_blocks), layout, settings)
     assert torch.equal(keep, structural_blocks(layout, settings, keep.device)[None].expand_as(keep))
-    mass = block_mass_reference(q, k_buffer, locs, layout, 2, 0.25)
+    mass = block_mass_torch(q, k_buffer, locs, layout, 2, 0.25)
     keep = select_by_mass(mass, layout, SparseSettings(block_size=BLOCK, mass=1.0))
     causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
     assert not bool((keep & ~causal[None]).any())
 
 
-@pytest.mark.parametrize("impl", [block_mass_triton, block_mass_reference])
+@pytest.mark.parametrize("impl", [block_mass_triton, block_mass_torch])
 def test_a_needle_read_by_one_query_head_is_kept_for_its_kv_head(impl) -> None:
     """A single key (not a block) that one query head's rows seek: pooled means dilute it 1/16, the
     sampled rows see it whole."""
@@ -133,9 +133,7 @@ def test_the_kernel_geometry_is_built_once_per_layout_and_shared_by_layers() -> 
     geometry = sparse._geometry
     second = sparse.select(q * 0.5, k_buffer, 0.2)  # a later layer: same layout, other queries
     assert sparse._geometry is geometry
-    want = select_by_mass(
-        block_mass_reference(q * 0.5, k_buffer, locs, layout, 2, 0.2), layout, sparse.settings
-    )
+    want = select_by_mass(block_mass_torch(q * 0.5, k_buffer, locs, layout, 2, 0.2), layout, sparse.settings)
     assert torch.equal(second, want) and first.shape == second.shape
     sparse.begin(layout, locs)
     assert sparse._geometry is None

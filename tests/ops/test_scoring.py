@@ -9,8 +9,8 @@ import torch
 
 from sglang_prefill_ext.ops.layout import BlockLayout
 from sglang_prefill_ext.ops.scoring import (
-    block_scores_reference,
-    select_blocks_reference,
+    block_scores_torch,
+    select_blocks_torch,
     select_blocks_triton,
 )
 from sglang_prefill_ext.ops.settings import SparseSettings
@@ -37,7 +37,7 @@ def _assert_same_up_to_ties(got: torch.Tensor, want: torch.Tensor, margin: torch
 @pytest.mark.parametrize(("heads", "head_dim"), [((8, 2), 64), ((7, 1), 32), ((4, 4), 128)])
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.9, 1.0])
 @pytest.mark.parametrize("per_query_head", [False, True])
-def test_triton_selection_matches_reference(
+def test_triton_selection_matches_torch(
     heads: tuple[int, int], head_dim: int, threshold: float, per_query_head: bool
 ) -> None:
     layout, qpool, kpool = _pooled(heads, head_dim, [0, 37, 200], [90, 29, 40])
@@ -50,9 +50,9 @@ def test_triton_selection_matches_reference(
         per_query_head=per_query_head,
     )
     got = select_blocks_triton(qpool, kpool, layout, settings, 0.3)
-    want = select_blocks_reference(qpool, kpool, layout, settings, 0.3)
+    want = select_blocks_torch(qpool, kpool, layout, settings, 0.3)
     assert got.shape[0] == (heads[0] if per_query_head else heads[1])
-    s = block_scores_reference(qpool, kpool, layout, 0.3)
+    s = block_scores_torch(qpool, kpool, layout, 0.3)
     gap = (s - s.amax(-1, keepdim=True) - settings.log_threshold).abs()
     margin = gap if per_query_head else gap.view(heads[1], -1, *gap.shape[1:]).amin(1)
     _assert_same_up_to_ties(got, want, margin.nan_to_num(1.0))
@@ -64,15 +64,15 @@ def test_a_kv_heads_blocks_are_the_union_of_its_query_heads() -> None:
     heads = (8, 2)
     layout, qpool, kpool = _pooled(heads, 32, [0, 37], [90, 60])
     base = SparseSettings(block_size=BLOCK, threshold=0.2, sink_blocks=0, local_blocks=1, last_blocks=0)
-    per_q = select_blocks_reference(qpool, kpool, layout, dataclasses.replace(base, per_query_head=True), 0.3)
-    per_kv = select_blocks_reference(qpool, kpool, layout, base, 0.3)
+    per_q = select_blocks_torch(qpool, kpool, layout, dataclasses.replace(base, per_query_head=True), 0.3)
+    per_kv = select_blocks_torch(qpool, kpool, layout, base, 0.3)
     assert torch.equal(per_kv, per_q.view(heads[1], -1, *per_q.shape[1:]).any(1))
     assert int(per_q.sum()) < int(per_kv.repeat_interleave(4, 0).sum())
 
 
 def test_threshold_zero_keeps_every_causal_block_and_nothing_after_the_diagonal() -> None:
     layout, qpool, kpool = _pooled((4, 2), 32, [40], [100])
-    mask = select_blocks_reference(qpool, kpool, layout, SparseSettings(block_size=BLOCK, threshold=0.0), 1.0)
+    mask = select_blocks_torch(qpool, kpool, layout, SparseSettings(block_size=BLOCK, threshold=0.0), 1.0)
     causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
     assert torch.equal(mask, causal[None].expand_as(mask))
 
@@ -103,7 +103,7 @@ def test_relative_threshold_keeps_exactly_the_blocks_near_the_best() -> None:
     assert mask[0, 3].nonzero().flatten().tolist() == [0, 2, 3]
 
 
-@pytest.mark.parametrize("impl", [select_blocks_triton, select_blocks_reference])
+@pytest.mark.parametrize("impl", [select_blocks_triton, select_blocks_torch])
 def test_needle_in_one_query_head_is_kept_for_its_kv_head(impl) -> None:
     layout, qpool, kpool = _pooled((8, 2), 64, [16 * 30], [16 * 10], seed=3)
     needle = torch.randn(64)
@@ -123,7 +123,7 @@ def test_density_counts_kept_blocks_over_the_causal_ones() -> None:
     sparse = SparsePrefill(SparseSettings(block_size=BLOCK), attention=None)
     sparse.begin(layout, torch.arange(layout.num_context_tokens))
     keep_all = SparseSettings(block_size=BLOCK, threshold=0.0)
-    sparse.mask = select_blocks_reference(qpool, kpool, layout, keep_all, 1.0)
+    sparse.mask = select_blocks_torch(qpool, kpool, layout, keep_all, 1.0)
     assert sparse.density() == pytest.approx(1.0)
     only_diagonal = torch.zeros_like(sparse.mask)
     only_diagonal[:, torch.arange(layout.num_rows), layout.row_block.long()] = True

@@ -6,17 +6,17 @@ import pytest
 import torch
 from kvpool import assert_requests_match_sdpa, make_pool, request_kv, sdpa_reference
 
-from sglang_prefill_ext.ops import BlockLayout, BlockSparsePrefill, SparsePrefill, SparseSettings
+from sglang_prefill_ext.ops import BlockLayout, BlockSparseAttention, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.layout import context_locs
 from sglang_prefill_ext.ops.pooling import (
     key_segments,
     pool_keys,
     pool_queries,
     query_segments,
-    segment_mean_reference,
+    segment_mean_torch,
 )
-from sglang_prefill_ext.ops.sampled import block_mass_reference, block_mass_triton
-from sglang_prefill_ext.ops.scoring import select_blocks_reference
+from sglang_prefill_ext.ops.sampled import block_mass_torch, block_mass_triton
+from sglang_prefill_ext.ops.scoring import select_blocks_torch
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
@@ -24,7 +24,7 @@ DEVICE = "cuda"
 
 def _sparse(settings: SparseSettings) -> SparsePrefill:
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
-    return SparsePrefill(settings, BlockSparsePrefill(workspace))
+    return SparsePrefill(settings, BlockSparseAttention(workspace))
 
 
 def _run_chunk(
@@ -134,7 +134,7 @@ def test_sampled_mass_kernel_matches_torch_on_gpu(
     locs = context_locs(layout, pool.req_to_token, pool.req_pool_indices)
     q = torch.randn(layout.num_tokens, heads[0], head_dim, device=DEVICE).bfloat16()
     got = block_mass_triton(q, pool.k, locs, layout, samples, head_dim**-0.5)
-    want = block_mass_reference(q, pool.k, locs, layout, samples, head_dim**-0.5)
+    want = block_mass_torch(q, pool.k, locs, layout, samples, head_dim**-0.5)
     torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-2)
 
 
@@ -145,13 +145,13 @@ def test_triton_pooling_and_selection_match_torch_on_gpu() -> None:
     locs = context_locs(layout, pool.req_to_token, pool.req_pool_indices)
     q = torch.randn(layout.num_tokens, 32, 128, device=DEVICE).bfloat16()
     qpool, kpool = pool_queries(q, layout), pool_keys(pool.k, key_segments(layout, locs))
-    torch.testing.assert_close(qpool, segment_mean_reference(q, query_segments(layout)))
-    torch.testing.assert_close(kpool, segment_mean_reference(pool.k, key_segments(layout, locs)))
+    torch.testing.assert_close(qpool, segment_mean_torch(q, query_segments(layout)))
+    torch.testing.assert_close(kpool, segment_mean_torch(pool.k, key_segments(layout, locs)))
     settings = SparseSettings(scorer="pooled", threshold=0.5)
     sparse = _sparse(settings)
     sparse.begin(layout, locs)
     got = sparse.select(q, pool.k, 0.5)
-    want = select_blocks_reference(qpool, kpool, layout, settings, 0.5)
+    want = select_blocks_torch(qpool, kpool, layout, settings, 0.5)
     assert float((got != want).float().mean()) < 1e-3
 
 

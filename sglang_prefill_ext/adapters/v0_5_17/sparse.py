@@ -29,7 +29,7 @@ from sglang_prefill_ext.adapters.v0_5_17.extend_path import BatchLens, ExtendHos
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.ops import (
     BlockLayout,
-    BlockSparsePrefill,
+    BlockSparseAttention,
     SparsePrefill,
     SparseSettings,
     context_locs,
@@ -65,7 +65,7 @@ class SparseExtend(ExtendPath):
     @classmethod
     def build(cls, host: ExtendHost, config: PrefillExtConfig, workspace: torch.Tensor) -> SparseExtend:
         """The path over `host`'s KV pool; `workspace`: FlashInfer's float workspace for the plans."""
-        attention = BlockSparsePrefill(workspace)
+        attention = BlockSparseAttention(workspace)
         return cls(host, config, SparsePrefill(sparse_settings(config), attention))
 
     def _takes(self, lens: BatchLens) -> bool:

@@ -1,6 +1,6 @@
 """Exact fp32 block-sparse attention in torch, a chunk of query rows at a time (never L x L).
 
-The reference the fp32 emulation of `bench/sparse_accuracy.py` runs every layer through (dense ones
+What the fp32 emulation of `bench/accuracy/sparse_accuracy.py` runs every layer through (dense ones
 too, `keep=None`). One prompt, no cached prefix:
 query i and key i are both position i, and blocks are `block_size` positions from 0.
 """
