@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 SCORERS = ("hybrid", "sampled", "pooled")
+
+
+def _setting(default: object, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A field with the text a command line shows for it (`help`, and its `choices` if any)."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,15 +28,41 @@ class SparseSettings:
     gets its own blocks (its own sampled mass, its own pooled score) instead of one set per KV head.
     """
 
-    block_size: int = 128
-    scorer: str = "hybrid"
-    mass: float = 0.95
-    samples: int = 2
-    threshold: float = 0.003
-    sink_blocks: int = 1
-    local_blocks: int = 4
-    last_blocks: int = 1
-    per_query_head: bool = False
+    block_size: int = _setting(128, "Tokens per query/key block of the sparse layout.")
+    scorer: str = _setting(
+        "hybrid",
+        "Which key blocks a query block keeps besides sinks, local window and last rows: pooled (the "
+        "dot product of mean query and mean key per block pair, within --prefill-ext-sparse-threshold of "
+        "the row's best), sampled (--prefill-ext-sparse-samples exact query rows per block and head attend "
+        "over all keys; the fewest, largest blocks holding --prefill-ext-sparse-mass of their attention: "
+        "finds single-token needles a block mean dilutes) or hybrid (either keeps it).",
+        SCORERS,
+    )
+    mass: float = _setting(
+        0.95,
+        "Sampled scorer: the fraction of each query block's estimated attention (mean over its KV head's "
+        "query heads and the sampled rows) the kept blocks must hold, largest first; 1 keeps them all.",
+    )
+    samples: int = _setting(
+        2, "Sampled scorer: query rows sampled per query block (its last, then evenly back to its first)."
+    )
+    threshold: float = _setting(
+        0.003,
+        "Pooled scorer: keep a key block whose attention estimate from pooled Q/K reaches this fraction of "
+        "the row's best block, for any query head of the KV head's group; 0 keeps every block.",
+    )
+    sink_blocks: int = _setting(1, "Leading key blocks every query block keeps (attention sinks).")
+    local_blocks: int = _setting(
+        4, "Key blocks up to and including the diagonal that every query block keeps (local window)."
+    )
+    last_blocks: int = _setting(
+        1, "The last N query blocks of each request's extend attend densely (e.g. the question at the end)."
+    )
+    per_query_head: bool = _setting(
+        False,
+        "Select key blocks per query head (each query head its own sampled mass and pooled score, one query "
+        "head per FlashInfer segment) instead of one set per KV head shared by its query heads.",
+    )
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
