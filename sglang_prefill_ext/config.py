@@ -1,23 +1,33 @@
 """The extension's options: one dataclass, shown to SGLang's CLI as `--prefill-ext-*` flags.
 
 Version-free: the per-version server-args hook calls `add_cli_args(parser)`; every flag lands in
-one namespace entry, `prefill_ext_options` (a dict of only the flags given), which SGLang's
-`ServerArgs.from_cli_args` copies like any other field. `PrefillExtConfig.from_options` fills
-in the defaults and validates.
+one namespace entry, `prefill_ext_options` (a dict of only the flags given, each value read as its
+kind), which SGLang's `ServerArgs.from_cli_args` copies like any other field.
+`PrefillExtConfig.from_options` checks the values and fills in the defaults. `FLAGS` lists the
+flags: one per config field, and one per `SparseSettings` field (`--prefill-ext-sparse-<field>`,
+its default and help from `ops/settings.py`). A malformed value raises `OptionError`, which the
+hooks print as one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from sglang_prefill_ext.ops.settings import SCORERS, SparseSettings
+from sglang_prefill_ext.ops.settings import SparseSettings
 from sglang_prefill_ext.radix.eviction import POLICIES
 from sglang_prefill_ext.runner.short_first import PassCost
 
 OPTIONS_DEST = "prefill_ext_options"
 ENABLE_FLAG = "--enable-prefill-ext"
+ENABLE_HELP = (
+    "The extension's prefix tree (PrefillExtRadixCache) in place of SGLang's radix cache, and its prefill "
+    "runner in the scheduler; request token ids outside [0, vocab_size) are refused with HTTP 400 (stock "
+    "0.5.17 lets them reach the model and its scheduler dies). Off: stock SGLang."
+)
 EVICTION_POLICIES = tuple(POLICIES)
 # The tree's policy unless one is asked for (or a non-default --radix-eviction-policy): `reuse` beats
 # stock LRU on every replay trace and recomputes 44-74 % fewer tokens on the H200 pressure phase at
@@ -25,178 +35,166 @@ EVICTION_POLICIES = tuple(POLICIES)
 DEFAULT_EVICTION = "reuse"
 SGLANG_DEFAULT_EVICTION = "lru"  # --radix-eviction-policy's default
 SCHEDULES = ("auto", "lpm-aging", "stock")
-SPARSE = SparseSettings()  # the selection's own defaults
+SPARSE_SETTINGS_PREFIX = "sparse_"  # SparseSettings' field X is the option sparse_X
 
 
 class OptionError(ValueError):
     """A refused `--prefill-ext-*` configuration; on SGLang's command line it prints as one line."""
 
 
-def _option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+def _non_negative(value: float) -> float:
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _fraction(value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("must lie in [0, 1]")
+    return value
+
+
+def _option(
+    default: Any,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    check: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A config field and its flag. `check` returns the config's value for a value of the flag's kind,
+    or raises ValueError saying why not (every int option is a count: >= 0 unless `check` says more).
+    A non-text default that is not a plain bool/int/float (PassCost) is given as text that `check` parses."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "check": check})
 
 
 @dataclasses.dataclass(frozen=True)
 class PrefillExtConfig:
     eviction: str | None = _option(
         None,
-        "Eviction policy of the extension's prefix tree: SGLang's own (lru, lfu, fifo, mru, filo, "
-        "priority, slru), 'cost' (least expected recompute cost per slot: log-damped hits over idle "
-        "time, times a per-token cost growing with depth) or 'reuse' (the leaf predicted to be reused "
-        "last, from each node's reuse interval while intervals repeat, else least recently used; only "
-        "the tail still needed is taken from the last leaf). Unset: SGLang's --radix-eviction-policy "
-        "(lru by default).",
+        "Eviction policy of the extension's prefix tree: reuse (the leaf predicted to be reused last goes "
+        "first: each node's last reuse interval, in requests, predicts its next use while intervals repeat, "
+        "else least recently used; waiting requests' prefixes last; only the tail still needed is cut from "
+        "the last leaf), SGLang's lru, lfu, fifo, mru, filo, priority, slru, or cost (least expected "
+        "recompute cost per slot: log-damped hits over idle time, times a per-token cost growing with "
+        f"depth). Unset: {DEFAULT_EVICTION}, unless --radix-eviction-policy names a policy other than "
+        f"{SGLANG_DEFAULT_EVICTION}, which is then used (for LRU give {SGLANG_DEFAULT_EVICTION} here).",
         EVICTION_POLICIES,
-    )
-    sparse: bool = _option(
-        False,
-        "Block-sparse attention (FlashInfer's kernels over the KV pool) for long extend batches, on the "
-        "flashinfer or fa3 attention backend; decode and short prompts keep the backend's own attention.",
-    )
-    sparse_scorer: str = _option(
-        SPARSE.scorer,
-        "How key blocks are chosen: 'pooled' (mean query . mean key per block pair against "
-        "--prefill-ext-sparse-threshold), 'sampled' (a few exact query rows per query block and head attend "
-        "over all keys; blocks are kept, largest first, until they hold --prefill-ext-sparse-mass of the "
-        "row's attention: finds single-token needles a block mean dilutes), 'hybrid' (either keeps it).",
-        SCORERS,
-    )
-    sparse_mass: float = _option(
-        SPARSE.mass,
-        "Sampled scorer: keep the fewest, largest key blocks holding this fraction of each query block's "
-        "estimated attention (mean over the KV head's query heads and the sampled rows); 1 keeps them all.",
-    )
-    sparse_samples: int = _option(
-        SPARSE.samples,
-        "Sampled scorer: query rows sampled per query block (the last, then evenly back to the first).",
-    )
-    sparse_threshold: float = _option(
-        SPARSE.threshold,
-        "Pooled scorer: keep a key block when its estimated attention weight (from pooled Q/K) is at least "
-        "this fraction of the row's best block, for any query head of the KV head's group; 0 keeps every block.",
-    )
-    sparse_min_len: int = _option(
-        32768,
-        "Sparse only for extend batches whose longest request (prefix + new tokens) has this many tokens.",
-    )
-    sparse_min_extend: int = _option(
-        1024,
-        "Sparse only when a request at or over --prefill-ext-sparse-min-len also brings this many new "
-        "tokens in the batch: a cache hit or a short follow-up over a long prefix stays dense (for so few "
-        "queries dense attention is cheaper than selecting and planning).",
-    )
-    sparse_max_density: float = _option(
-        0.6,
-        "When the first sparse layer's layout keeps more than this fraction of its causal key blocks, the "
-        "batch declines: that layer and the later ones run the attention backend's own dense prefill "
-        "(FlashInfer's block-sparse kernel costs about 1.3 x density of a dense pass on the H200, so a denser "
-        "layout would not pay); 1 keeps every layout sparse.",
-    )
-    sparse_dense_layers: int = _option(2, "The first N layers always run dense attention.")
-    sparse_block_size: int = _option(SPARSE.block_size, "Tokens per query/key block of the sparse layout.")
-    sparse_sink_blocks: int = _option(
-        SPARSE.sink_blocks, "Leading key blocks every query block keeps (attention sinks)."
-    )
-    sparse_local_blocks: int = _option(
-        SPARSE.local_blocks,
-        "Key blocks right before and including the diagonal that every query block keeps (local window).",
-    )
-    sparse_last_blocks: int = _option(
-        SPARSE.last_blocks,
-        "The last N query blocks of each request's extend attend densely (e.g. the question at the end).",
-    )
-    sparse_per_query_head: bool = _option(
-        SPARSE.per_query_head,
-        "Select key blocks per query head (each query head its own sampled mass and pooled score, one query "
-        "head per FlashInfer segment) instead of one set per KV head shared by its query heads.",
-    )
-    sparse_per_layer: bool = _option(
-        True,
-        "Score and plan in every sparse layer (on SmolLM2 a layout shared by all layers keeps less of the "
-        "attention at a higher density); off: score once at the first sparse layer, one plan per forward.",
-    )
-    schedule: str = _option(
-        "auto",
-        "Prefill queue order: 'lpm-aging' (longest cached prefix first, a request re-matched only when the "
-        "node its match ends at got a new child or the tree evicted, no queue-length cutoff, requests "
-        "waiting --prefill-ext-max-wait-passes passes go first), 'stock' (SGLang's --schedule-policy), or 'auto' (lpm-aging when --schedule-policy is "
-        "lpm, else stock).",
-        SCHEDULES,
     )
     dedup: bool = _option(
         True,
-        "In-flight dedup: a waiting request whose next uncached pages are being computed by a scheduled "
-        "or chunked request waits for them to land in the tree instead of computing them again.",
+        "In-flight dedup: a waiting request whose next uncached pages are being computed by a scheduled or "
+        "chunked request waits for them to land in the tree, then reuses them. If the producer finishes, "
+        "aborts or is retracted, waiters compute what is still missing.",
     )
     dedup_min_tokens: int = _option(
-        64, "Wait for in-flight pages only when they cover at least this many of a request's tokens."
+        64, "Wait only when the in-flight pages cover at least this many of the request's tokens."
     )
     dedup_max_wait_passes: int = _option(
-        256, "Safety bound: past this many passes waiting on in-flight pages, a request computes them itself."
+        256, "Safety bound: after this many passes waiting, a request computes the pages itself."
     )
     protect_waiting: bool = _option(
         True,
-        "Each pass, mark the cached prefix every waiting request matches as used, the queue's head last, "
-        "so eviction takes the prefixes of the requests the scheduler reaches last instead of the queue "
-        "head's (which, having waited longest, LRU would evict first).",
+        "Each pass, the cached prefix each waiting request matches is marked used, the queue's head last, "
+        "so eviction takes the prefixes the scheduler reaches last. Without it LRU evicts the context of "
+        "the request that waited longest, i.e. the one admitted next.",
+    )
+    schedule: str = _option(
+        "auto",
+        "Prefill queue order: lpm-aging (longest cached prefix first, no 128-request cutoff, a request "
+        "re-matched only when its match could have grown, requests that waited "
+        "--prefill-ext-max-wait-passes passes first), stock (SGLang's --schedule-policy) or auto "
+        "(lpm-aging when --schedule-policy is lpm, else stock).",
+        SCHEDULES,
     )
     chunk_align_tail: float = _option(
         0.25,
         "A chunked prompt's chunk ends on a page boundary and, when a waiting request's prompt stops "
-        "sharing it within this last fraction of the chunk, at that divergence point, so the landed chunk "
-        "is the node the waiting request matches (0: page boundaries only).",
+        "sharing it in this last fraction of the chunk, at that divergence point: the landed chunk is the "
+        "node the waiter matches (0: page boundaries only).",
+        check=_fraction,
     )
     decode_adaptive_budget: int = _option(
         0,
-        "With more than N requests decoding, a pass's prefill chunk shrinks to --chunked-prefill-size x N / "
-        "decoding (page-aligned, at least --prefill-ext-decode-budget-min-tokens), bounding how long a prefill "
-        "pass stalls decoding; 0: always --chunked-prefill-size (SGLang's behaviour).",
+        "N: with more than N requests decoding, a pass's prefill chunk shrinks to --chunked-prefill-size "
+        "x N / decoding (page-aligned, at least --prefill-ext-decode-budget-min-tokens), bounding how long "
+        "one prefill pass stalls decoding; 0 keeps --chunked-prefill-size.",
     )
-    decode_budget_min_tokens: int = _option(
-        1024,
-        "--prefill-ext-decode-adaptive-budget never shrinks a pass's prefill chunk below this many tokens.",
-    )
+    decode_budget_min_tokens: int = _option(1024, "The adaptive chunk never goes below this many tokens.")
     max_wait_passes: int = _option(
-        32, "lpm-aging: a request that has waited this many scheduling passes is ordered first (FCFS)."
+        32, "lpm-aging: a request that has waited this many scheduling passes goes first (oldest first)."
+    )
+    log: str = _option(
+        "",
+        "Append one JSON line per finished or aborted request to this file: rid, input_len, cached_tokens, "
+        "deduped_tokens, chunks, queue_passes (scheduling passes it waited), budgeted_chunks (its chunks a "
+        "pass budget shortened), queue_ms, prefill_ms, ttft_ms, output_tokens, error. Empty: off.",
+    )
+    pass_log: str = _option(
+        "",
+        "Append one JSON line per prefill pass to this file: its time, waiting and short requests, whether "
+        "the pass budget set it, the chunk budget, the cost model's prediction and, per admitted request, "
+        "new tokens, cached tokens and whether its prompt continues. Empty: off.",
     )
     pass_budget_ms: float = _option(
         0.0,
         "Short requests first: while short requests arrive (one seen within --prefill-ext-short-window-s), "
         "every prefill pass is sized to this predicted forward time (--prefill-ext-pass-cost); waiting short "
-        "requests go ahead of longer ones and ride the next pass (as many as fit in the budget, at least one), "
-        "and a long prompt's chunk takes the rest of the budget (at least --prefill-ext-min-long-chunk "
-        "tokens). 0: off (SGLang's chunk size every pass).",
+        "requests go ahead of longer ones and ride the next pass (as many as fit in the budget, at least "
+        "one), and a long prompt's chunk takes the rest (at least --prefill-ext-min-long-chunk tokens). "
+        "0: off (SGLang's chunk size every pass).",
+        check=_non_negative,
     )
     short_max_tokens: int = _option(
         4096, "Short requests first: a waiting request with at most this many uncached tokens is short."
     )
     short_window_s: float = _option(
         1.0,
-        "Short requests first: passes stay budgeted this long after the last short request was seen; a "
-        "negative value budgets every pass (Sarathi-style).",
+        "Short requests first: passes stay budgeted this long after the last short request was seen; "
+        "negative: every pass (Sarathi-style).",
     )
     min_long_chunk: int = _option(
         512,
         "Short requests first: a budgeted pass never shrinks a long prompt's chunk below this many tokens, "
         "so long prompts keep progressing.",
     )
-    pass_cost: str = _option(
-        "5,22,890",
-        "Forward-time model of a prefill pass, FIXED_MS,TOKEN_US,PAIR_PS: a fixed cost, a cost per new token "
-        "and per (new token, context token) pair of causal attention; defaults fitted on the H200 "
-        "(8B-shaped model, fa3).",
+    pass_cost: PassCost = _option(
+        PassCost(),
+        "The forward-time model of a prefill pass, FIXED_MS,TOKEN_US,PAIR_PS: a fixed cost, a cost per new "
+        "token and one per (new token, context token) pair of causal attention, fitted on the H200 for the "
+        "8B shape on fa3; refit for another model or GPU from --prefill-ext-pass-log.",
+        check=PassCost.parse,
     )
-
-    log: str = _option(
-        "",
-        "Append one JSON line per finished request to this file: rid, input_len, cached_tokens, "
-        "deduped_tokens, chunks, queue_passes, budgeted_chunks, queue_ms, prefill_ms, ttft_ms, "
-        "output_tokens, error (empty: off).",
+    sparse: bool = _option(
+        False,
+        "Block-sparse prefill attention for extend batches with a request of at least "
+        "--prefill-ext-sparse-min-len tokens bringing at least --prefill-ext-sparse-min-extend new ones, on "
+        "the server's prefill attention backend when it is fa3 (SGLang's default for MHA models on Hopper) "
+        "or flashinfer (the default on most other NVIDIA GPUs); with any other backend the server refuses "
+        "to start, naming the backend it resolved. Decode, short prompts and every other batch keep the "
+        "backend's own attention and its CUDA graphs.",
     )
-    pass_log: str = _option(
-        "",
-        "Append one JSON line per prefill pass to this file: its time, waiting and short requests, the "
-        "chunk budget and, per admitted request, new and cached tokens and whether it is chunked (empty: off).",
+    # Not a flag itself: each of its fields is one (SPARSE_SETTINGS_PREFIX + the field's name).
+    sparse_settings: SparseSettings = dataclasses.field(default_factory=SparseSettings)
+    sparse_min_len: int = _option(
+        32768, "Prefix + new tokens of the longest request for a batch to go sparse."
+    )
+    sparse_min_extend: int = _option(
+        1024,
+        "New tokens that request must bring: cache hits and short follow-ups over a long prefix stay dense "
+        "(for so few queries dense attention is cheaper than selecting and planning).",
+    )
+    sparse_max_density: float = _option(
+        0.6,
+        "A batch whose first sparse layer selects more than this fraction of its causal key blocks is "
+        "declined: that layer (its K/V already written) and every later one run the backend's own dense "
+        "prefill, as stock does. FlashInfer's block-sparse kernel costs about 1.3 x density of a dense pass "
+        "on the H200, so a denser layout would not pay; 1 keeps every layout sparse.",
+        check=_fraction,
+    )
+    sparse_dense_layers: int = _option(2, "The first N layers always run dense attention.")
+    sparse_per_layer: bool = _option(
+        True,
+        "Select and plan in every sparse layer; false: once per forward at the first sparse layer, shared "
+        "by the rest.",
     )
 
     def tree_eviction(self, sglang_policy: str) -> str:
@@ -208,77 +206,192 @@ class PrefillExtConfig:
         return DEFAULT_EVICTION if sglang_policy == SGLANG_DEFAULT_EVICTION else sglang_policy
 
     @classmethod
-    def from_options(cls, options: dict[str, Any] | None) -> PrefillExtConfig:
+    def from_options(cls, options: Mapping[str, Any] | None) -> PrefillExtConfig:
+        """The config for a dict of given flags (by `Flag.name`; each value of its flag's kind, or text
+        as a command line gives it), the defaults for the rest; OptionError for an unknown or malformed one."""
         options = dict(options or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
+        unknown = sorted(set(options) - set(FLAGS_BY_NAME))
         if unknown:
             raise OptionError(f"unknown prefill-ext options: {', '.join(unknown)}")
-        config = cls(**options)
-        try:
-            PassCost.parse(config.pass_cost)
-        except ValueError as error:  # one line at launch, as every refused option
-            raise OptionError(str(error)) from None
-        for f in dataclasses.fields(cls):
-            choices = f.metadata["choices"]
-            value = getattr(config, f.name)
-            if choices and value is not None and value not in choices:
-                raise OptionError(
-                    f"--prefill-ext-{f.name.replace('_', '-')}={value!r}: choose from {choices}"
-                )
-        return config
+        fields: dict[str, Any] = {}
+        settings: dict[str, Any] = {}
+        for name, given in options.items():
+            flag = FLAGS_BY_NAME[name]
+            value = flag.value(given)
+            if flag.setting is None:
+                fields[name] = value
+            else:
+                settings[flag.setting] = value
+        return cls(**fields, sparse_settings=SparseSettings(**settings))
 
 
-class _StoreOption(argparse.Action):
-    """Store one `--prefill-ext-*` value under its name in the shared options dict."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        options = dict(getattr(namespace, OPTIONS_DEST, None) or {})
-        options[self.metavar_name] = values
-        setattr(namespace, OPTIONS_DEST, options)
-
-    def __init__(self, *args, option_name: str, **kwargs):
-        self.metavar_name = option_name
-        super().__init__(*args, **kwargs)
+def option_name(name: str) -> str:
+    """The flag of an options-dict key: `sparse_min_len` -> `--prefill-ext-sparse-min-len`."""
+    return f"--prefill-ext-{name.replace('_', '-')}"
 
 
-def _cli_kwargs(field: dataclasses.Field) -> dict[str, Any]:
-    """argparse keywords by the field's default: bools read as switches with an optional value."""
-    default = field.default
-    if isinstance(default, bool):
-        return {"nargs": "?", "const": True, "type": _parse_bool, "metavar": "BOOL"}
-    if field.metadata["choices"]:
-        return {"type": str, "choices": field.metadata["choices"]}
-    if isinstance(default, (int, float)):
-        return {"type": type(default), "metavar": type(default).__name__.upper()}
-    return {"type": str, "metavar": "TEXT"}
+def shown(value: Any) -> str:
+    """A default as `--help` writes it (and README's flag table must)."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value) or "off"
 
 
-def _parse_bool(text: str) -> bool:
+def with_default(help: str, default: str) -> str:
+    """A flag's `--help` text: its help, then its default as `shown` writes it."""
+    return f"{help} (default: {default})"
+
+
+def _read_bool(text: str) -> bool:
     lowered = text.lower()
     if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+        raise ValueError("expected true or false")
     return lowered in ("1", "true", "yes", "on")
 
 
+def _read_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def _read_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
+
+
+_READERS: dict[type, Callable[[str], Any]] = {bool: _read_bool, int: _read_int, float: _read_float, str: str}
+_METAVARS = {bool: "BOOL", int: "INT", float: "FLOAT", str: "TEXT"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One `--prefill-ext-*` flag: `name` is its key in the options dict, its values are of `kind`
+    (text on a command line is read as one), and `check` turns a value into the config's or raises
+    ValueError. `setting`: the SparseSettings field it sets, if any."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None
+    check: Callable[[Any], Any] | None
+    setting: str | None = None
+
+    @property
+    def option(self) -> str:
+        return option_name(self.name)
+
+    def read(self, text: str) -> Any:
+        """A command line's text as a value of the flag's kind (choices and ranges aside)."""
+        try:
+            return _READERS[self.kind](text)
+        except ValueError as error:
+            raise self._refused(text, error) from None
+
+    def value(self, given: Any) -> Any:
+        """The config's value for `given` (text is read first)."""
+        value = self.read(given) if isinstance(given, str) else given
+        try:
+            if self.choices and value not in self.choices:
+                raise ValueError(f"choose from {', '.join(self.choices)}")
+            return value if self.check is None else self.check(value)
+        except ValueError as error:
+            raise self._refused(given, error) from None
+
+    def _refused(self, given: Any, error: ValueError) -> OptionError:
+        return OptionError(f"{self.option}={given!r}: {error}")
+
+
+def _flag(name: str, default: Any, metadata: Mapping[str, Any], setting: str | None = None) -> Flag:
+    kind = type(default) if type(default) in _READERS else str  # None (unset) and parsed text
+    check = metadata.get("check") or (_non_negative if kind is int else None)
+    return Flag(name, kind, default, metadata["help"], metadata["choices"], check, setting)
+
+
+def _sparse_setting(name: str) -> Callable[[Any], Any]:
+    """SparseSettings' own check of its field `name` (its `__post_init__`, the other fields at their defaults)."""
+
+    def check(value: Any) -> Any:
+        SparseSettings(**{name: value})
+        return value
+
+    return check
+
+
+def _flags() -> tuple[Flag, ...]:
+    flags = []
+    for field in dataclasses.fields(PrefillExtConfig):
+        if field.name != "sparse_settings":
+            flags.append(_flag(field.name, field.default, field.metadata))
+            continue
+        for setting in dataclasses.fields(SparseSettings):
+            metadata = {**setting.metadata, "check": _sparse_setting(setting.name)}
+            flags.append(
+                _flag(SPARSE_SETTINGS_PREFIX + setting.name, setting.default, metadata, setting.name)
+            )
+    return tuple(flags)
+
+
+FLAGS = _flags()
+FLAGS_BY_NAME = {flag.name: flag for flag in FLAGS}
+
+
+class _StoreOption(argparse.Action):
+    """Store one flag's value, read as its kind, under its name in the shared options dict. Text that
+    is not of the flag's kind raises OptionError (one line at launch, where argparse's own `type` would
+    print its usage and exit with status 2); choices and ranges are checked in `from_options`."""
+
+    def __init__(self, *args: Any, flag: Flag, **kwargs: Any) -> None:
+        self.flag = flag
+        super().__init__(*args, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        options = dict(getattr(namespace, OPTIONS_DEST, None) or {})
+        options[self.flag.name] = self.flag.read(values) if isinstance(values, str) else values
+        setattr(namespace, OPTIONS_DEST, options)
+
+
+def _cli_kwargs(flag: Flag) -> dict[str, Any]:
+    """argparse keywords: bools read as switches with an optional value; choices shown as argparse
+    shows its own."""
+    if flag.kind is bool:
+        return {"nargs": "?", "const": True, "metavar": _METAVARS[bool]}
+    if flag.choices:
+        return {"metavar": "{" + ",".join(flag.choices) + "}"}
+    return {"metavar": _METAVARS[flag.kind]}
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Register `--enable-prefill-ext` and one `--prefill-ext-NAME` per config field."""
+    """Register `--enable-prefill-ext` and one `--prefill-ext-NAME` per flag of FLAGS."""
     group = parser.add_argument_group("sglang-prefill-ext")
     group.add_argument(
-        ENABLE_FLAG,
-        dest="enable_prefill_ext",
-        action="store_true",
-        help="Use sglang-prefill-ext's prefix tree and prefill pipeline (default: off, stock SGLang).",
+        ENABLE_FLAG, dest="enable_prefill_ext", action="store_true", help=with_default(ENABLE_HELP, "off")
     )
     parser.set_defaults(**{OPTIONS_DEST: None})
-    for f in dataclasses.fields(PrefillExtConfig):
-        shown_default = "unset" if f.default is None else f.default
+    for flag in FLAGS:
         group.add_argument(
-            f"--prefill-ext-{f.name.replace('_', '-')}",
-            dest=f"_prefill_ext_{f.name}",
+            flag.option,
+            dest=f"_prefill_ext_{flag.name}",
             action=_StoreOption,
-            option_name=f.name,
+            flag=flag,
             default=argparse.SUPPRESS,
-            help=f"{f.metadata['help']} (default: {shown_default})",
-            **_cli_kwargs(f),
+            help=with_default(flag.help, shown(flag.default)),
+            **_cli_kwargs(flag),
         )

@@ -1,13 +1,25 @@
-"""The --prefill-ext-* options, parsed by a plain argparse parser (no SGLang needed)."""
+"""The --prefill-ext-* options, parsed by a plain argparse parser (no SGLang needed but for the
+accessor, on SGLang's own ServerArgs)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from types import ModuleType
 
 import pytest
 
-from sglang_prefill_ext.config import OPTIONS_DEST, PrefillExtConfig, add_cli_args
+from sglang_prefill_ext.adapters.common import prefill_ext_config
+from sglang_prefill_ext.config import (
+    FLAGS,
+    FLAGS_BY_NAME,
+    OPTIONS_DEST,
+    OptionError,
+    PrefillExtConfig,
+    add_cli_args,
+)
+from sglang_prefill_ext.ops.settings import SparseSettings
+from sglang_prefill_ext.runner.short_first import PassCost
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -40,15 +52,99 @@ def test_every_field_has_a_flag_with_help() -> None:
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
     help_text = parser.format_help()
-    for f in dataclasses.fields(PrefillExtConfig):
-        assert f"--prefill-ext-{f.name.replace('_', '-')}" in help_text
-        assert f.metadata["help"]
+    names = {f.name for f in dataclasses.fields(PrefillExtConfig)} - {"sparse_settings"}
+    names |= {f"sparse_{f.name}" for f in dataclasses.fields(SparseSettings)}
+    assert {flag.name for flag in FLAGS} == names
+    for flag in FLAGS:
+        assert f"--prefill-ext-{flag.name.replace('_', '-')}" in help_text
+        assert flag.help
 
 
-@pytest.mark.parametrize("argv", [["--prefill-ext-sparse", "maybe"], ["--prefill-ext-eviction", "random"]])
-def test_bad_values_are_argparse_errors(argv: list[str]) -> None:
-    with pytest.raises(SystemExit):
-        parse(*argv)
+def test_sparse_flags_are_sparse_settings_fields() -> None:
+    """One `--prefill-ext-sparse-<field>` per SparseSettings field, with its default, help and choices;
+    the options build the server's SparseSettings."""
+    given = {}
+    for field in dataclasses.fields(SparseSettings):
+        flag = FLAGS_BY_NAME[f"sparse_{field.name}"]
+        assert (flag.default, flag.help, flag.choices, flag.kind) == (
+            field.default,
+            field.metadata["help"],
+            field.metadata["choices"],
+            type(field.default),
+        )
+        given[flag.name] = field.default
+    assert PrefillExtConfig.from_options(given).sparse_settings == SparseSettings()
+    argv = ["--prefill-ext-sparse-block-size", "64", "--prefill-ext-sparse-scorer", "pooled"]
+    argv += ["--prefill-ext-sparse-mass", "0.5", "--prefill-ext-sparse-last-blocks", "3"]
+    config = PrefillExtConfig.from_options(getattr(parse(*argv), OPTIONS_DEST))
+    assert config.sparse_settings == SparseSettings(block_size=64, scorer="pooled", mass=0.5, last_blocks=3)
+
+
+def test_pass_cost_is_parsed_into_the_config() -> None:
+    options = getattr(parse("--prefill-ext-pass-cost", "1,2.5,3"), OPTIONS_DEST)
+    assert options == {"pass_cost": "1,2.5,3"}  # the options stay plain values (SGLang dumps them)
+    assert PrefillExtConfig.from_options(options).pass_cost == PassCost(1.0, 2.5, 3.0)
+    assert PrefillExtConfig().pass_cost == PassCost()
+
+
+def refusal(*argv: str) -> str:
+    """The one line a command line's malformed value is refused with, on parsing or in from_options."""
+    with pytest.raises(OptionError) as refused:
+        PrefillExtConfig.from_options(getattr(parse("--enable-prefill-ext", *argv), OPTIONS_DEST))
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (("--prefill-ext-eviction", "bogus"), "--prefill-ext-eviction='bogus': choose from lru, lfu, fifo"),
+        (("--prefill-ext-sparse-scorer", "x"), "--prefill-ext-sparse-scorer='x': choose from hybrid"),
+        (
+            ("--prefill-ext-sparse-block-size", "abc"),
+            "--prefill-ext-sparse-block-size='abc': expected an integer",
+        ),
+        (
+            ("--prefill-ext-dedup-min-tokens", "1.5"),
+            "--prefill-ext-dedup-min-tokens='1.5': expected an integer",
+        ),
+        (("--prefill-ext-sparse-mass", "abc"), "--prefill-ext-sparse-mass='abc': expected a finite number"),
+        (
+            ("--prefill-ext-chunk-align-tail", "nan"),
+            "--prefill-ext-chunk-align-tail='nan': expected a finite",
+        ),
+        (("--prefill-ext-sparse", "maybe"), "--prefill-ext-sparse='maybe': expected true or false"),
+        (
+            ("--prefill-ext-pass-cost", "1,2"),
+            "--prefill-ext-pass-cost='1,2': expected FIXED_MS,TOKEN_US,PAIR_PS",
+        ),
+        (("--prefill-ext-pass-cost", "a,b,c"), "--prefill-ext-pass-cost='a,b,c': expected FIXED_MS"),
+        (
+            ("--prefill-ext-sparse-block-size", "100"),
+            "--prefill-ext-sparse-block-size=100: block_size must be",
+        ),
+        (("--prefill-ext-sparse-mass", "1.5"), "--prefill-ext-sparse-mass=1.5: mass must lie in [0, 1]"),
+        (("--prefill-ext-sparse-threshold", "-1"), "--prefill-ext-sparse-threshold=-1.0: threshold must lie"),
+        (("--prefill-ext-sparse-samples", "0"), "--prefill-ext-sparse-samples=0: samples must be >= 1"),
+        (("--prefill-ext-sparse-sink-blocks", "-1"), "--prefill-ext-sparse-sink-blocks=-1: sink_blocks"),
+        (("--prefill-ext-dedup-min-tokens", "-1"), "--prefill-ext-dedup-min-tokens=-1: must be >= 0"),
+        (("--prefill-ext-sparse-min-len", "-5"), "--prefill-ext-sparse-min-len=-5: must be >= 0"),
+        (
+            ("--prefill-ext-sparse-max-density", "1.5"),
+            "--prefill-ext-sparse-max-density=1.5: must lie in [0, 1]",
+        ),
+        (("--prefill-ext-pass-budget-ms", "-25"), "--prefill-ext-pass-budget-ms=-25.0: must be >= 0"),
+    ],
+)
+def test_malformed_values_refused_on_one_line(argv: tuple[str, ...], error: str) -> None:
+    assert refusal(*argv).startswith(error)
+
+
+def test_values_in_range_accepted() -> None:
+    argv = ["--prefill-ext-short-window-s", "-1", "--prefill-ext-sparse-threshold", "0"]
+    argv += ["--prefill-ext-sparse-max-density", "1", "--prefill-ext-decode-adaptive-budget", "0"]
+    config = PrefillExtConfig.from_options(getattr(parse(*argv), OPTIONS_DEST))
+    assert (config.short_window_s, config.sparse_settings.threshold) == (-1.0, 0.0)
+    assert (config.sparse_max_density, config.decode_adaptive_budget) == (1.0, 0)
 
 
 def test_unknown_or_invalid_options_refused() -> None:
@@ -56,3 +152,13 @@ def test_unknown_or_invalid_options_refused() -> None:
         PrefillExtConfig.from_options({"bogus": 1})
     with pytest.raises(ValueError, match="--prefill-ext-eviction='random'"):
         PrefillExtConfig.from_options({"eviction": "random"})
+
+
+def test_one_accessor_reads_the_options_once(sglang_harness: ModuleType) -> None:
+    """`prefill_ext_config` on SGLang's own ServerArgs: None with the flag off, else the checked config,
+    the same object for the same options (parsed once)."""
+    assert prefill_ext_config(sglang_harness.parse_server_args()) is None
+    argv = ("--enable-prefill-ext", "--prefill-ext-pass-cost", "1,2,3", "--prefill-ext-sparse-mass", "0.5")
+    first, second = (prefill_ext_config(sglang_harness.parse_server_args(*argv)) for _ in range(2))
+    assert first is second
+    assert first == PrefillExtConfig(pass_cost=PassCost(1, 2, 3), sparse_settings=SparseSettings(mass=0.5))

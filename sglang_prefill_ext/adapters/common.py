@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import array
+import functools
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -63,6 +64,28 @@ def extension_enabled(server_args: Any) -> bool:
     return bool(getattr(server_args, "enable_prefill_ext", False))
 
 
+def prefill_ext_config(server_args: Any) -> config.PrefillExtConfig | None:
+    """The extension's options for `server_args`, None with `--enable-prefill-ext` off: the one way
+    every hook reads them. Checked and parsed once per process for each set of options given;
+    OptionError for a malformed one."""
+    if not extension_enabled(server_args):
+        return None
+    return _config(frozenset(_given_options(server_args).items()))
+
+
+@functools.cache
+def _config(options: frozenset[tuple[str, Any]]) -> config.PrefillExtConfig:
+    return config.PrefillExtConfig.from_options(dict(options))
+
+
+def _given_options(server_args: Any) -> dict[str, Any]:
+    return getattr(server_args, config.OPTIONS_DEST, None) or {}
+
+
+def _flags(names: Iterable[str]) -> str:
+    return ", ".join(map(config.option_name, names))
+
+
 def validate_server_args(
     server_args: Any, conflicts: Mapping[str, str], ported: frozenset[str] | None, version: str
 ) -> None:
@@ -70,16 +93,15 @@ def validate_server_args(
 
     `ported` names the options this SGLang version's hooks serve (None: all of them).
     """
-    if not server_args.enable_prefill_ext:
-        if server_args.prefill_ext_options:
-            flags = ", ".join(f"--prefill-ext-{k.replace('_', '-')}" for k in server_args.prefill_ext_options)
-            raise config.OptionError(f"{flags} given without {config.ENABLE_FLAG}")
+    given = _given_options(server_args)
+    if not extension_enabled(server_args):
+        if given:
+            raise config.OptionError(f"{_flags(given)} given without {config.ENABLE_FLAG}")
         return
-    config.PrefillExtConfig.from_options(server_args.prefill_ext_options)  # refuses bad values
-    unported = sorted(set(server_args.prefill_ext_options or ()) - ported) if ported is not None else []
+    prefill_ext_config(server_args)  # refuses malformed values
+    unported = sorted(set(given) - ported) if ported is not None else []
     if unported:
-        flags = ", ".join(f"--prefill-ext-{name.replace('_', '-')}" for name in unported)
-        raise config.OptionError(f"{flags}: not available on SGLang {version} yet")
+        raise config.OptionError(f"{_flags(unported)}: not available on SGLang {version} yet")
     found = [text for name, text in conflicts.items() if getattr(server_args, name, None)]
     if found:
         raise config.OptionError(f"{config.ENABLE_FLAG} cannot be combined with: {'; '.join(found)}")
@@ -89,12 +111,11 @@ def validate_attention_backend(server_args: Any, backends: tuple[str, ...]) -> N
     """Refuse `--prefill-ext-sparse` when the backend that runs prefill attention is not one the version's
     hooks subclass (`backends`). Unresolved (no backend given, SGLang has not picked its default yet):
     nothing to check."""
-    if not server_args.enable_prefill_ext:
+    ext_config = prefill_ext_config(server_args)
+    if ext_config is None or not ext_config.sparse:
         return
     backend = prefill_attention_backend(server_args)
-    if backend is None or backend in backends:
-        return
-    if config.PrefillExtConfig.from_options(server_args.prefill_ext_options).sparse:
+    if backend is not None and backend not in backends:
         raise ValueError(
             f"--prefill-ext-sparse needs the {' or '.join(backends)} attention backend; this server's "
             f"prefill runs on {backend} (choose one with --attention-backend)"

@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from sglang_prefill_ext.adapters import common
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.tokens import as_token_array
@@ -25,7 +26,7 @@ from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
 from sglang_prefill_ext.runner.chunking import aligned_chunk_end, decode_adaptive_budget, divergence_points
 from sglang_prefill_ext.runner.metrics import CounterDeltas
 from sglang_prefill_ext.runner.request_log import JsonlLog, PassRecord, RequestRecord
-from sglang_prefill_ext.runner.short_first import Need, PassCost, PassPlan, ShortFirst
+from sglang_prefill_ext.runner.short_first import Need, PassPlan, ShortFirst
 
 if TYPE_CHECKING:
     from sglang_prefill_ext.adapters.tree_backed import PrefixTreeCacheMixin
@@ -82,7 +83,7 @@ class PrefillExtScheduler:
             config.short_window_s,
             config.min_long_chunk,
             page_size,
-            PassCost.parse(config.pass_cost),
+            config.pass_cost,
         )
         self.clock = time.monotonic  # the CPU replay substitutes its simulated clock
         self.mixed_chunk = mixed_chunk  # running requests' decode tokens ride each prefill pass
@@ -338,9 +339,9 @@ def build_scheduler(cls: type[S], scheduler: Any, owns_request_log: Callable[[An
     `owns_request_log(scheduler)`: this rank writes `--prefill-ext-log` (every TP / PP / CP rank
     schedules the same requests; one of them logs)."""
     server_args = scheduler.server_args
-    if not getattr(server_args, "enable_prefill_ext", False):
+    config = common.prefill_ext_config(server_args)
+    if config is None:
         return None
-    config = PrefillExtConfig.from_options(server_args.prefill_ext_options)
     if not owns_request_log(scheduler):
         config = dataclasses.replace(config, log=None)
     glue = cls(

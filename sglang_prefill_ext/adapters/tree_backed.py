@@ -28,6 +28,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
+from sglang_prefill_ext.adapters import common
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.radix.handle import MatchHandle
 from sglang_prefill_ext.radix.node import Node
@@ -81,8 +82,7 @@ def build_checked(cache_class: type[CacheT], ctx: Any, refused: list[str]) -> Ca
             "--enable-prefill-ext replaces SGLang's tree cache and cannot be combined with: "
             + "; ".join(refused)
         )
-    config = PrefillExtConfig.from_options(getattr(ctx.server_args, "prefill_ext_options", None))
-    return cache_class(ctx.params, config)  # type: ignore[call-arg]
+    return cache_class(ctx.params, common.prefill_ext_config(ctx.server_args))  # type: ignore[call-arg]
 
 
 def pool_device(allocator: Any) -> torch.device:

@@ -44,10 +44,12 @@ class PassCost:
         except ValueError:
             values = []
         if len(values) != 3 or min(values) < 0:
-            raise ValueError(
-                f"--prefill-ext-pass-cost={text!r}: expected FIXED_MS,TOKEN_US,PAIR_PS (three numbers >= 0)"
-            )
+            raise ValueError("expected FIXED_MS,TOKEN_US,PAIR_PS (three numbers >= 0)")
         return cls(*values)
+
+    def __str__(self) -> str:
+        """The `FIXED_MS,TOKEN_US,PAIR_PS` text `parse` reads (six significant digits each)."""
+        return f"{self.fixed_ms:g},{self.token_us:g},{self.pair_ps:g}"
 
     def variable_ms(self, tokens: int, context: int) -> float:
         """Time `tokens` new tokens after `context` cached ones add to a pass (the fixed cost aside)."""

@@ -11,6 +11,7 @@ from types import ModuleType
 import pytest
 
 from sglang_prefill_ext import adapters
+from sglang_prefill_ext.config import OptionError
 from sglang_prefill_ext.patching import PatchSet
 
 pytestmark = pytest.mark.usefixtures("patched_sglang")
@@ -37,8 +38,8 @@ def test_flags_reach_server_args(sglang_harness: ModuleType) -> None:
     assert args.prefill_ext_options == {"eviction": "cost"}
 
 
-def test_bad_option_value_is_an_argparse_error(sglang_harness: ModuleType) -> None:
-    with pytest.raises(SystemExit):
+def test_bad_option_value_is_an_option_error(sglang_harness: ModuleType) -> None:
+    with pytest.raises(OptionError, match="--prefill-ext-eviction='random': choose from"):
         sglang_harness.parse_server_args("--enable-prefill-ext", "--prefill-ext-eviction", "random")
 
 

@@ -15,7 +15,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
 from sglang_prefill_ext.adapters.v0_5_17.flashinfer import PrefillExtFlashInferBackend  # noqa: E402
-from sglang_prefill_ext.adapters.v0_5_17.sparse import SparseExtend, sparse_settings  # noqa: E402
+from sglang_prefill_ext.adapters.v0_5_17.sparse import SparseExtend  # noqa: E402
 from sglang_prefill_ext.config import PrefillExtConfig  # noqa: E402
 from sglang_prefill_ext.ops import BlockSparseAttention, SparsePrefill  # noqa: E402
 
@@ -42,7 +42,7 @@ def _backend(**options) -> PrefillExtFlashInferBackend:
     backend.forward_metadata = types.SimpleNamespace(swa_out_cache_loc=None)
     backend.kv_cache_quant_method = types.SimpleNamespace(needs_global_scale=lambda: False)
     attention = BlockSparseAttention.__new__(BlockSparseAttention)  # its FlashInfer wrapper needs a GPU
-    backend.ext_path = SparseExtend(backend, config, SparsePrefill(sparse_settings(config), attention))
+    backend.ext_path = SparseExtend(backend, config, SparsePrefill(config.sparse_settings, attention))
     return backend
 
 

@@ -23,7 +23,7 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 from sglang_prefill_ext.adapters import common
-from sglang_prefill_ext.config import OPTIONS_DEST, PrefillExtConfig
+from sglang_prefill_ext.config import PrefillExtConfig
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -34,11 +34,8 @@ if TYPE_CHECKING:
 
 def sparse_config(model_runner: ModelRunner) -> PrefillExtConfig | None:
     """The extension's options when it is on with `--prefill-ext-sparse`, else None (stock backend)."""
-    server_args = model_runner.server_args
-    if not common.extension_enabled(server_args):
-        return None
-    config = PrefillExtConfig.from_options(getattr(server_args, OPTIONS_DEST, None))
-    return config if config.sparse else None
+    config = common.prefill_ext_config(model_runner.server_args)
+    return config if config is not None and config.sparse else None
 
 
 class PrefillExtAttention:

@@ -31,7 +31,6 @@ from sglang_prefill_ext.ops import (
     BlockLayout,
     BlockSparseAttention,
     SparsePrefill,
-    SparseSettings,
     context_locs,
 )
 
@@ -39,20 +38,6 @@ if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
 
 logger = logging.getLogger(__name__)
-
-
-def sparse_settings(config: PrefillExtConfig) -> SparseSettings:
-    return SparseSettings(
-        block_size=config.sparse_block_size,
-        scorer=config.sparse_scorer,
-        mass=config.sparse_mass,
-        samples=config.sparse_samples,
-        threshold=config.sparse_threshold,
-        sink_blocks=config.sparse_sink_blocks,
-        local_blocks=config.sparse_local_blocks,
-        last_blocks=config.sparse_last_blocks,
-        per_query_head=config.sparse_per_query_head,
-    )
 
 
 class SparseExtend(ExtendPath):
@@ -66,7 +51,7 @@ class SparseExtend(ExtendPath):
     def build(cls, host: ExtendHost, config: PrefillExtConfig, workspace: torch.Tensor) -> SparseExtend:
         """The path over `host`'s KV pool; `workspace`: FlashInfer's float workspace for the plans."""
         attention = BlockSparseAttention(workspace)
-        return cls(host, config, SparsePrefill(sparse_settings(config), attention))
+        return cls(host, config, SparsePrefill(config.sparse_settings, attention))
 
     def _takes(self, lens: BatchLens) -> bool:
         config = self._config
@@ -77,7 +62,10 @@ class SparseExtend(ExtendPath):
 
     def _begin(self, forward_batch: ForwardBatch, lens: BatchLens) -> None:
         layout = BlockLayout.build(
-            lens.prefix, lens.extend, self._config.sparse_block_size, forward_batch.req_pool_indices.device
+            lens.prefix,
+            lens.extend,
+            self._config.sparse_settings.block_size,
+            forward_batch.req_pool_indices.device,
         )
         req_to_token = self._host.req_to_token_pool.req_to_token
         self.sparse.begin(layout, context_locs(layout, req_to_token, forward_batch.req_pool_indices))
