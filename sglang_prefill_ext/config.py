@@ -22,6 +22,7 @@ from sglang_prefill_ext.radix.eviction import POLICIES
 from sglang_prefill_ext.runner.short_first import PassCost
 
 OPTIONS_DEST = "prefill_ext_options"
+ENABLE_DEST = "enable_prefill_ext"
 ENABLE_FLAG = "--enable-prefill-ext"
 ENABLE_HELP = (
     "The extension's prefix tree (PrefillExtRadixCache) in place of SGLang's radix cache, and its prefill "
@@ -60,9 +61,10 @@ def _option(
     choices: tuple[str, ...] | None = None,
     check: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """A config field and its flag. `check` returns the config's value for a value of the flag's kind,
-    or raises ValueError saying why not (every int option is a count: >= 0 unless `check` says more).
-    A non-text default that is not a plain bool/int/float (PassCost) is given as text that `check` parses."""
+    """A config field and its flag: `help` and `choices` as `--help` shows them; `check` returns the
+    config's value for a value given, or raises ValueError saying why not (without one, an int option
+    is a count: >= 0). A default of another type than bool, int, float and str (PassCost) is given as
+    text, which `check` parses."""
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "check": check})
 
 
@@ -230,7 +232,7 @@ def option_name(name: str) -> str:
     return f"--prefill-ext-{name.replace('_', '-')}"
 
 
-def shown(value: Any) -> str:
+def _shown(value: Any) -> str:
     """A default as `--help` writes it (and README's flag table must)."""
     if value is None:
         return "unset"
@@ -241,8 +243,8 @@ def shown(value: Any) -> str:
     return str(value) or "off"
 
 
-def with_default(help: str, default: str) -> str:
-    """A flag's `--help` text: its help, then its default as `shown` writes it."""
+def _with_default(help: str, default: str) -> str:
+    """A flag's `--help` text: its help, then its default as `_shown` writes it."""
     return f"{help} (default: {default})"
 
 
@@ -382,7 +384,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """Register `--enable-prefill-ext` and one `--prefill-ext-NAME` per flag of FLAGS."""
     group = parser.add_argument_group("sglang-prefill-ext")
     group.add_argument(
-        ENABLE_FLAG, dest="enable_prefill_ext", action="store_true", help=with_default(ENABLE_HELP, "off")
+        ENABLE_FLAG, dest=ENABLE_DEST, action="store_true", help=_with_default(ENABLE_HELP, "off")
     )
     parser.set_defaults(**{OPTIONS_DEST: None})
     for flag in FLAGS:
@@ -392,6 +394,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             action=_StoreOption,
             flag=flag,
             default=argparse.SUPPRESS,
-            help=with_default(flag.help, shown(flag.default)),
+            help=_with_default(flag.help, _shown(flag.default)),
             **_cli_kwargs(flag),
         )

@@ -61,7 +61,7 @@ def _print_option_errors_as_one_line() -> None:
 
 
 def extension_enabled(server_args: Any) -> bool:
-    return bool(getattr(server_args, "enable_prefill_ext", False))
+    return bool(getattr(server_args, config.ENABLE_DEST, False))
 
 
 def prefill_ext_config(server_args: Any) -> config.PrefillExtConfig | None:
