@@ -156,9 +156,9 @@ def test_unknown_or_invalid_options_refused() -> None:
 
 def test_one_accessor_reads_the_options_once(sglang_harness: ModuleType) -> None:
     """`prefill_ext_config` on SGLang's own ServerArgs: None with the flag off, else the checked config,
-    the same object for the same options (parsed once)."""
+    the same object for the same options (parsed once). Options every supported version serves."""
     assert prefill_ext_config(sglang_harness.parse_server_args()) is None
-    argv = ("--enable-prefill-ext", "--prefill-ext-pass-cost", "1,2,3", "--prefill-ext-sparse-mass", "0.5")
+    argv = ("--enable-prefill-ext", "--prefill-ext-eviction", "cost", "--prefill-ext-dedup-min-tokens", "8")
     first, second = (prefill_ext_config(sglang_harness.parse_server_args(*argv)) for _ in range(2))
     assert first is second
-    assert first == PrefillExtConfig(pass_cost=PassCost(1, 2, 3), sparse_settings=SparseSettings(mass=0.5))
+    assert first == PrefillExtConfig(eviction="cost", dedup_min_tokens=8)
