@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from types import ModuleType
 
 import pytest
@@ -87,56 +88,67 @@ def test_pass_cost_is_parsed_into_the_config() -> None:
     assert PrefillExtConfig().pass_cost == PassCost()
 
 
-def refusal(*argv: str) -> str:
-    """The one line a command line's malformed value is refused with, on parsing or in from_options."""
+def refusal(flag: str, text: str) -> str:
+    """The one line a command line's malformed value is refused with (on parsing or in from_options),
+    less the flag itself."""
     with pytest.raises(OptionError) as refused:
-        PrefillExtConfig.from_options(getattr(parse("--enable-prefill-ext", *argv), OPTIONS_DEST))
-    return str(refused.value)
+        PrefillExtConfig.from_options(getattr(parse("--enable-prefill-ext", flag, text), OPTIONS_DEST))
+    message = str(refused.value)
+    assert message.startswith(flag)
+    return message.removeprefix(flag)
 
 
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
-        (("--prefill-ext-eviction", "bogus"), "--prefill-ext-eviction='bogus': choose from lru, lfu, fifo"),
-        (("--prefill-ext-sparse-scorer", "x"), "--prefill-ext-sparse-scorer='x': choose from hybrid"),
-        (
-            ("--prefill-ext-sparse-block-size", "abc"),
-            "--prefill-ext-sparse-block-size='abc': expected an integer",
-        ),
-        (
-            ("--prefill-ext-dedup-min-tokens", "1.5"),
-            "--prefill-ext-dedup-min-tokens='1.5': expected an integer",
-        ),
-        (("--prefill-ext-sparse-mass", "abc"), "--prefill-ext-sparse-mass='abc': expected a finite number"),
-        (
-            ("--prefill-ext-chunk-align-tail", "nan"),
-            "--prefill-ext-chunk-align-tail='nan': expected a finite",
-        ),
-        (("--prefill-ext-sparse", "maybe"), "--prefill-ext-sparse='maybe': expected true or false"),
-        (
-            ("--prefill-ext-pass-cost", "1,2"),
-            "--prefill-ext-pass-cost='1,2': expected FIXED_MS,TOKEN_US,PAIR_PS",
-        ),
-        (("--prefill-ext-pass-cost", "a,b,c"), "--prefill-ext-pass-cost='a,b,c': expected FIXED_MS"),
-        (
-            ("--prefill-ext-sparse-block-size", "100"),
-            "--prefill-ext-sparse-block-size=100: block_size must be",
-        ),
-        (("--prefill-ext-sparse-mass", "1.5"), "--prefill-ext-sparse-mass=1.5: mass must lie in [0, 1]"),
-        (("--prefill-ext-sparse-threshold", "-1"), "--prefill-ext-sparse-threshold=-1.0: threshold must lie"),
-        (("--prefill-ext-sparse-samples", "0"), "--prefill-ext-sparse-samples=0: samples must be >= 1"),
-        (("--prefill-ext-sparse-sink-blocks", "-1"), "--prefill-ext-sparse-sink-blocks=-1: sink_blocks"),
-        (("--prefill-ext-dedup-min-tokens", "-1"), "--prefill-ext-dedup-min-tokens=-1: must be >= 0"),
-        (("--prefill-ext-sparse-min-len", "-5"), "--prefill-ext-sparse-min-len=-5: must be >= 0"),
-        (
-            ("--prefill-ext-sparse-max-density", "1.5"),
-            "--prefill-ext-sparse-max-density=1.5: must lie in [0, 1]",
-        ),
-        (("--prefill-ext-pass-budget-ms", "-25"), "--prefill-ext-pass-budget-ms=-25.0: must be >= 0"),
+        ("--prefill-ext-sparse-block-size abc", "='abc': expected an integer"),
+        ("--prefill-ext-dedup-min-tokens 1.5", "='1.5': expected an integer"),
+        ("--prefill-ext-sparse-mass abc", "='abc': expected a finite number"),
+        ("--prefill-ext-chunk-align-tail nan", "='nan': expected a finite number"),
+        ("--prefill-ext-sparse maybe", "='maybe': expected true or false"),
     ],
 )
-def test_malformed_values_refused_on_one_line(argv: tuple[str, ...], error: str) -> None:
-    assert refusal(*argv).startswith(error)
+def test_text_not_of_the_flags_kind_refused(argv: str, error: str) -> None:
+    flag, text = argv.split()
+    with pytest.raises(OptionError, match="^" + re.escape(flag + error) + "$"):
+        parse(flag, text)  # on parsing: no argparse usage, no exit status 2
+    assert refusal(flag, text) == error
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "error"),
+    [
+        (
+            "--prefill-ext-eviction",
+            "bogus",
+            "='bogus': choose from lru, lfu, fifo, mru, filo, priority, slru",
+        ),
+        ("--prefill-ext-sparse-scorer", "x", "='x': choose from hybrid, sampled, pooled"),
+        ("--prefill-ext-pass-cost", "1,2", "='1,2': expected FIXED_MS,TOKEN_US,PAIR_PS (three numbers >= 0)"),
+        ("--prefill-ext-pass-cost", "a,b,c", "='a,b,c': expected FIXED_MS,TOKEN_US,PAIR_PS"),
+    ],
+)
+def test_choices_and_formats_refused(flag: str, text: str, error: str) -> None:
+    assert refusal(flag, text).startswith(error)
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "error"),
+    [
+        ("--prefill-ext-sparse-block-size", "100", "=100: block_size must be a power of two, got 100"),
+        ("--prefill-ext-sparse-mass", "1.5", "=1.5: mass must lie in [0, 1], got 1.5"),
+        ("--prefill-ext-sparse-threshold", "-1", "=-1.0: threshold must lie in [0, 1], got -1.0"),
+        ("--prefill-ext-sparse-samples", "0", "=0: samples must be >= 1, got 0"),
+        ("--prefill-ext-sparse-sink-blocks", "-1", "=-1: sink_blocks, local_blocks and last_blocks must be"),
+        ("--prefill-ext-dedup-min-tokens", "-1", "=-1: must be >= 0"),
+        ("--prefill-ext-sparse-min-len", "-5", "=-5: must be >= 0"),
+        ("--prefill-ext-sparse-max-density", "1.5", "=1.5: must lie in [0, 1]"),
+        ("--prefill-ext-pass-budget-ms", "-25", "=-25.0: must be >= 0"),
+    ],
+)
+def test_values_out_of_range_refused(flag: str, text: str, error: str) -> None:
+    """SparseSettings' own checks for its flags; every other int option is a count."""
+    assert refusal(flag, text).startswith(error)
 
 
 def test_values_in_range_accepted() -> None:
@@ -156,9 +168,12 @@ def test_unknown_or_invalid_options_refused() -> None:
 
 def test_one_accessor_reads_the_options_once(sglang_harness: ModuleType) -> None:
     """`prefill_ext_config` on SGLang's own ServerArgs: None with the flag off, else the checked config,
-    the same object for the same options (parsed once). Options every supported version serves."""
+    the same object for the same options (parsed once); options without the flag refused. Options every
+    supported version serves."""
     assert prefill_ext_config(sglang_harness.parse_server_args()) is None
     argv = ("--enable-prefill-ext", "--prefill-ext-eviction", "cost", "--prefill-ext-dedup-min-tokens", "8")
     first, second = (prefill_ext_config(sglang_harness.parse_server_args(*argv)) for _ in range(2))
     assert first is second
     assert first == PrefillExtConfig(eviction="cost", dedup_min_tokens=8)
+    with pytest.raises(OptionError, match="^--prefill-ext-dedup given without --enable-prefill-ext$"):
+        sglang_harness.parse_server_args("--prefill-ext-dedup", "false")
