@@ -1,10 +1,10 @@
 """Retrieval through a running SGLang server: does sparse prefill still find a fact planted in real text?
 
-    python bench/passkey.py run --url URL --model-dir DIR --length 32768 65536 131072 --label dense \
+    python -m bench.accuracy.passkey run --url URL --model-dir DIR --length 32768 65536 131072 --label dense \
         --out dense.jsonl [--depths 0.1 0.25 0.5 0.75 0.95] [--keys 2] [--kinds passkey constant]
-    python bench/passkey.py compare dense.jsonl sparse.jsonl [--json PATH]
+    python -m bench.accuracy.passkey compare dense.jsonl sparse.jsonl [--json PATH]
 
-`run` plants a random five-digit key (a fixed seed per prompt) in real text (`real_text.py`) at each
+`run` plants a random five-digit key (a fixed seed per prompt) in real text (`bench/lib/real_text.py`) at each
 depth (fraction of the prompt before it), ends the prompt with the question, and asks the server for 8
 greedy tokens, one prompt at a time after a /flush_cache (the prompts share text, so without it later
 ones would hit the radix cache: every prompt is a fresh prefill of its `--length` tokens, its TTFT that

@@ -1,11 +1,11 @@
 """Accuracy of block-sparse prefill on real weights, against dense and against the text itself.
 
-    python bench/sparse_accuracy.py --model-dir DIR [--prompts 8] [--length 8192] [--json PATH]
+    python -m bench.accuracy.sparse_accuracy --model-dir DIR [--prompts 8] [--length 8192] [--json PATH]
         [--configs SCORER:VALUE[@OPT,...] ...] [--samples 2] [--local-blocks 4] [--dense-layers 2]
         [--block-size 128] [--shared] [--max-density 1] [--device cuda|cpu] [--emulate] [--tf32]
 
 Loads an HF checkpoint (Qwen2.5-Coder-1.5B-Instruct or SmolLM2-135M, scripts/models/model_parts.py) with
-transformers and runs each prompt of `--length` tokens of real text (`real_text.py`) dense (torch SDPA,
+transformers and runs each prompt of `--length` tokens of real text (`bench/lib/real_text.py`) dense (torch SDPA,
 causal), then once per config with every layer from `--dense-layers` on attending through the policy the
 server runs (`SparsePrefill.attend`: one KV pool slot per position, selection and plan in every sparse
 layer, or with --shared once at the first; a first layout denser than --max-density declines the forward,

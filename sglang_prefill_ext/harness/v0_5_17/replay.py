@@ -1,4 +1,4 @@
-"""SGLang 0.5.17's prefill path on CPU pools with no model: what `bench/schedule_replay.py` drives.
+"""SGLang 0.5.17's prefill path on CPU pools with no model: what `bench/replay/schedule_replay.py` drives.
 
 Each version's `replay` module offers the same functions; the replay itself (traces, event loop,
 slot census) is version-free. 0.5.17 keeps a request's KV state on the `Req` (`req_pool_idx`,

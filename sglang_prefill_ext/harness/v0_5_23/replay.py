@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's prefill path on CPU pools with no model: what `bench/schedule_replay.py` drives.
+"""SGLang 0.5.23's prefill path on CPU pools with no model: what `bench/replay/schedule_replay.py` drives.
 
 The same functions as `v0_5_17.replay`. What 0.5.23 does its own way: server args are resolved and
 published with this process's ranks (the scheduler reads its page size, micro-batch bound and ranks
