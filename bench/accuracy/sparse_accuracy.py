@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from bench.lib.real_text import corpus_ids
 from sglang_prefill_ext.ops import BlockLayout, BlockSparseAttention, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
-from sglang_prefill_ext.ops.scoring import select_by_mass, structural_blocks
+from sglang_prefill_ext.ops.scoring import largest_holding, select_by_mass, structural_blocks
 
 TAIL_FROM = 1024
 LOGIT_ROWS = 4096  # positions per lm_head chunk: 4096 x 152K vocab fp32 is 2.5 GB
@@ -73,12 +73,7 @@ class Oracle:
 def select_by_layer_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
     """Per head, the fewest (query block, key block) pairs holding `settings.mass` of the layer's whole
     attention (largest first), plus the structural blocks: bool [H, R, C]."""
-    heads, rows, cols = mass.shape
-    flat = mass.reshape(heads, -1)
-    ranked, order = flat.sort(-1, descending=True)
-    before = ranked.cumsum(-1) - ranked
-    keep = (before < settings.mass * ranked.sum(-1, keepdim=True)) & (ranked > 0)
-    chosen = torch.zeros_like(keep).scatter_(-1, order, keep).view(heads, rows, cols)
+    chosen = largest_holding(mass.flatten(1), settings.mass).view_as(mass)
     return chosen | structural_blocks(layout, settings, mass.device)[None]
 
 

@@ -7,7 +7,7 @@ query tensor [Hm*N, Hq/Hm, D], and its KV "pages" are single tokens of a single 
 per KV head (Hm = Hkv) lets a KV head's G query heads share one layout; a mask per query head
 (Hm = Hq) gives each its own, one query head per segment reading its KV head's pages. The kept blocks of
 the row are listed in increasing order (the diagonal last; see layout.py), each expanded to its
-tokens' page indices. The one device->host copy is kv_indptr ([Hkv*R + 1] ints), which FlashInfer's
+tokens' page indices. The one device->host copy is kv_indptr ([Hm*R + 1] ints), which FlashInfer's
 planner needs on the host anyway.
 """
 

@@ -186,16 +186,20 @@ def select_blocks_torch(
 
 def select_by_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
     """Per (head, row) the fewest key blocks whose estimated mass reaches `settings.mass` (largest
-    first), plus the structural blocks: bool [H, R, C] (H: the mass's heads, KV or query heads). `mass` is zero outside causal blocks; a
-    coverage of 1 keeps every causal block."""
+    first), plus the structural blocks: bool [H, R, C] (H: the mass's heads, KV or query heads). `mass` is
+    zero outside causal blocks; a coverage of 1 keeps every causal block."""
     if settings.mass >= 1.0:
         cols, diag = _columns_and_diagonals(layout, mass.device)
         return (cols <= diag)[None].expand_as(mass).clone()
+    return largest_holding(mass, settings.mass) | structural_blocks(layout, settings, mass.device)[None]
+
+
+def largest_holding(mass: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Along the last dim, the fewest largest positive entries whose sum reaches `fraction` of it: bool."""
     ranked, order = mass.sort(-1, descending=True)
     before = ranked.cumsum(-1) - ranked
-    keep = (before < settings.mass * ranked.sum(-1, keepdim=True)) & (ranked > 0)
-    chosen = torch.zeros_like(keep).scatter_(-1, order, keep)
-    return chosen | structural_blocks(layout, settings, mass.device)[None]
+    keep = (before < fraction * ranked.sum(-1, keepdim=True)) & (ranked > 0)
+    return torch.zeros_like(keep).scatter_(-1, order, keep)
 
 
 def select_blocks(
