@@ -10,7 +10,8 @@ for 8 greedy tokens, one prompt at a time after a /flush_cache (the prompts shar
 later ones would hit the radix cache: every prompt is a fresh prefill of its `--length` tokens, its TTFT
 that of a unique prompt). Kinds: `passkey` (a sentence naming the pass key), `constant` (a code fact: a
 module-level constant `NAME = key` among the source, asked back by name at the end).
-`--url transformers:DEVICE` answers the same prompts with transformers on this host (bf16, sdpa) instead of a server: the check that the server applies the checkpoint's RoPE scaling (YaRN).
+`--url transformers:DEVICE` answers the same prompts with transformers on this host (bf16, sdpa) instead
+of a server: the check that the server applies the checkpoint's RoPE scaling (YaRN).
 An answer is right when the key's digits appear in its decoded text. `compare` reports, per prompt length,
 each file's recall (by depth and kind), median TTFT, how many answers equal the first file's, and whether
 every later file (sparse) answers every prompt the first (dense) answers (exit 1 if not): the dense model's
