@@ -61,7 +61,9 @@ def test_every_block_kept_gives_dense_logits(bench: ModuleType, model) -> None:
     assert all(heads == [1.0, 1.0] for heads in summary["density_per_head"].values())
 
 
-@pytest.mark.parametrize("spec", ["oracle:1@q", "oracle:1@layer", "oracle:1@q,layer,b64", "pooled:0@q"])
+@pytest.mark.parametrize(
+    "spec", ["oracle:1@q", "oracle:1@layer", "oracle:1@q,layer,b64", "pooled:0@q", "antidiagonal:1@q,x4"]
+)
 def test_every_block_kept_per_query_head_and_per_layer_gives_dense_logits(
     bench: ModuleType, model, spec: str
 ) -> None:
@@ -112,7 +114,16 @@ def test_text_scores_match_the_models_own_loss(bench: ModuleType, model) -> None
     assert row["next_acc"] == pytest.approx(float((logits.argmax(-1) == tokens[0, 1:]).float().mean()))
 
 
-@pytest.mark.parametrize("bad", ["oracle", "hybrid:0.1", "oracle:0.9@x", "pooled:0.1@layer", "nope:1"])
+def test_numbered_options_set_their_settings(bench: ModuleType) -> None:
+    settings = bench.parse_config("sampled:0.9@q,s8,b64").settings(128, 2, 4)
+    assert (settings.samples, settings.block_size, settings.per_query_head) == (8, 64, True)
+    settings = bench.parse_config("antidiagonal:0.9@x16").settings(128, 2, 4)
+    assert (settings.scorer, settings.stride, settings.mass, settings.samples) == ("antidiagonal", 16, 0.9, 2)
+
+
+@pytest.mark.parametrize(
+    "bad", ["oracle", "hybrid:0.1", "oracle:0.9@x", "pooled:0.1@layer", "nope:1", "antidiagonal:0.9@s"]
+)
 def test_malformed_configs_are_refused(bench: ModuleType, bad: str) -> None:
     import argparse
 

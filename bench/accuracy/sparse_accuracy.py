@@ -20,12 +20,13 @@ argmax against the text's real next token (dense's own beside it), top-1 agreeme
 sparse), and the kept-block density (kept causal blocks over causal blocks, mean over the selecting layers; the
 JSON has it per layer and per mask head).
 
-SCORER:VALUE: sampled:MASS, pooled:THRESHOLD, hybrid:THRESHOLD,MASS, and (with --emulate) oracle:MASS, which
-keeps, per head and query block, the fewest blocks holding MASS of the layer's exact attention (plus sinks,
-local window, last rows): what a perfect scorer would keep, a bound on any selection at that density.
-OPT (comma-separated): `q` one selection per query head instead of per KV head; `bN` N-token blocks instead of
---block-size; `layer` (oracle) MASS of the whole layer's attention per head instead of per query block (rows
-that attend narrowly give their budget to rows that spread).
+SCORER:VALUE: sampled:MASS, pooled:THRESHOLD, hybrid:THRESHOLD,MASS, antidiagonal:MASS, and (with --emulate)
+oracle:MASS, which keeps, per head and query block, the fewest blocks holding MASS of the layer's exact
+attention (plus sinks, local window, last rows): what a perfect scorer would keep, a bound on any selection at
+that density. OPT (comma-separated): `q` one selection per query head instead of per KV head; `bN` N-token
+blocks instead of --block-size; `sN` N sampled rows per block instead of --samples; `xN` antidiagonal stride
+N; `layer` (oracle) MASS of the whole layer's attention per head instead of per query block (rows that attend
+narrowly give their budget to rows that spread).
 """
 
 from __future__ import annotations
@@ -214,9 +215,14 @@ SCORER_VALUES = {
     "sampled": "MASS",
     "pooled": "THRESHOLD",
     "hybrid": "THRESHOLD,MASS",
+    "antidiagonal": "MASS",
     "oracle": "MASS",  # --emulate only: the fewest blocks holding MASS of the exact attention (a bound)
 }
-SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "oracle": "mass"}
+SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "antidiagonal": "mass", "oracle": "mass"}
+
+
+NUMBERED_OPTS = {"b": "block_size", "s": "samples", "x": "stride"}
+OPTS = "q, bN, sN, xN, layer for oracle"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,12 +235,15 @@ class Config:
     per_query_head: bool = False
     block_size: int | None = None
     layer_mass: bool = False
+    samples: int | None = None
+    stride: int | None = None
 
     def settings(self, block_size: int, samples: int, local_blocks: int) -> SparseSettings:
         return SparseSettings(
             block_size=self.block_size or block_size,
             scorer="sampled" if self.scorer == "oracle" else self.scorer,
-            samples=samples,
+            samples=self.samples or samples,
+            stride=self.stride or SparseSettings.stride,
             local_blocks=local_blocks,
             per_query_head=self.per_query_head,
             **knobs(self.scorer, self.value),
@@ -246,17 +255,17 @@ def parse_config(text: str) -> Config:
     scorer, _, value = spec.partition(":")
     if scorer not in SCORER_VALUES or not value:
         expected = ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
-        raise argparse.ArgumentTypeError(f"expected one of {expected} [@q,bN,layer], got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected one of {expected} [@{OPTS}], got {text!r}")
     fields: dict[str, object] = {}
     for opt in filter(None, opts.split(",")):
         if opt == "q":
             fields["per_query_head"] = True
         elif opt == "layer" and scorer == "oracle":
             fields["layer_mass"] = True
-        elif opt[:1] == "b" and opt[1:].isdigit():
-            fields["block_size"] = int(opt[1:])
+        elif opt[:1] in NUMBERED_OPTS and opt[1:].isdigit():
+            fields[NUMBERED_OPTS[opt[:1]]] = int(opt[1:])
         else:
-            raise argparse.ArgumentTypeError(f"{text!r}: unknown option {opt!r} (q, bN, layer for oracle)")
+            raise argparse.ArgumentTypeError(f"{text!r}: unknown option {opt!r} ({OPTS})")
     try:
         knobs(scorer, value)
     except ValueError:
@@ -295,7 +304,8 @@ def main() -> None:
         "--configs", type=parse_config, nargs="+",
         default=[parse_config(f"{SparseSettings.scorer}:{SparseSettings.threshold},{SparseSettings.mass}")],
         help="SCORER:VALUE[@OPT,...]: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
-        + "; OPT: q (per query head), bN (block size), layer (oracle: per-layer mass)",
+        + "; OPT: q (per query head), bN (block size), sN (samples), xN (antidiagonal stride), layer "
+        "(oracle: per-layer mass)",
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
     parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)

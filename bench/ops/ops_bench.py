@@ -1,13 +1,15 @@
 """Sparse vs dense long prefill attention on one GPU: times incl. scoring and planning, TFLOP/s, needles.
 
     python -m bench.ops.ops_bench [--lens 8192 32768 65536 131072] [--backends auto fa2] [--json PATH]
+        [--heads HQ HKV] [--per-query-head]
 
 Shape: one request, 32 query / 8 KV heads, head_dim 128, bf16, causal; KV in a page-size-1 pool.
 Rows per length L:
   sdpa      torch SDPA, dense causal (GQA)
   fi_dense  FlashInfer ragged prefill, dense causal (what SGLang runs for a fresh prompt)
   sparse_S  this package with scorer S (sampled: exact sampled query rows, block mass, coverage; pooled:
-            mean Q . mean K, relative threshold): score (Triton) + plan (GPU indices, FlashInfer planner)
+            mean Q . mean K, relative threshold; antidiagonal: strided antidiagonal sums, coverage;
+            with --per-query-head one selection per query head): score (Triton) + plan (GPU indices, FlashInfer planner)
             + attention, with FlashInfer's public wrapper.plan on the same mask timed alongside
             (plan_public_ms), on synthetic topic-structured Q/K with planted needles, half of them a
             single key token (density is a property of this data); shared_ms counts select + plan once
@@ -41,6 +43,16 @@ HQ, HKV, D, BLOCK = 32, 8, 128, 128
 TOPICS, TOPIC_AMPLITUDE, NEEDLES, NEEDLE_AMPLITUDE, TOKEN_NEEDLE_AMPLITUDE = 128, 10.0, 16, 12.0, 16.0
 SPARSE_LAYERS = 30  # a 32-layer model with --prefill-ext-sparse-dense-layers 2
 DEV = "cuda"
+PER_QUERY_HEAD = False  # --per-query-head: one selection per query head (mask [HQ, R, C])
+
+
+def scorer_settings(scorer: str) -> SparseSettings:
+    return SparseSettings(scorer=scorer, per_query_head=PER_QUERY_HEAD)
+
+
+def kv_head_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A per-query-head mask as its KV heads see it (any of the group keeps a block): [HKV, R, C]."""
+    return mask.view(HKV, -1, *mask.shape[1:]).any(1)
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:
@@ -70,12 +82,12 @@ def causal_flops(q_len: int, kv_len: int, num_qo_heads: int = HQ) -> float:
     return 4.0 * D * num_qo_heads * pairs
 
 
-def plan_flops(indices: PlanIndices) -> float:
+def plan_flops(indices: PlanIndices, mask_heads: int) -> float:
     qo = indices.qo_indptr.double()
     kv = indices.kv_indptr.double()
     q_len, kv_len = qo[1:] - qo[:-1], kv[1:] - kv[:-1]
     pairs = (q_len * kv_len - q_len * (q_len - 1) / 2).sum().item()
-    return 4.0 * D * (HQ // HKV) * pairs
+    return 4.0 * D * (HQ // mask_heads) * pairs  # each segment runs HQ / mask_heads query heads
 
 
 def structured_qkv(
@@ -156,11 +168,11 @@ def plan_times(
     layout = sparse.layout
 
     def public() -> None:
-        indices = build_plan_indices(mask, layout, locs)
-        sparse.attention.plan(indices, HQ, HKV, D, q.dtype, scale, fast=False)
+        indices = build_plan_indices(mask, layout, locs, HKV)
+        sparse.attention.plan(indices, HQ, mask.shape[0], D, q.dtype, scale, fast=False)
 
     public_ms = host_ms(public)
-    return public_ms, host_ms(lambda: sparse.plan(mask, q, scale))
+    return public_ms, host_ms(lambda: sparse.plan(mask, q, scale, num_kv_heads=HKV))
 
 
 def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends: list[str]) -> list[dict]:
@@ -179,14 +191,14 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
     layout = BlockLayout.build([0], [length], BLOCK, DEV)
     locs = torch.arange(length, device=DEV)
     scale = D**-0.5
-    causal_blocks = layout.num_rows * (layout.num_rows + 1) / 2 * HKV
+    causal_blocks = layout.num_rows * (layout.num_rows + 1) / 2
     for scorer in SCORERS:
-        sparse = SparsePrefill(SparseSettings(scorer=scorer), BlockSparseAttention(workspace, backends[0]))
+        sparse = SparsePrefill(scorer_settings(scorer), BlockSparseAttention(workspace, backends[0]))
         sparse.begin(layout, locs)
         select_ms = timed(lambda s=sparse: s.select(q, k, scale), reps)
         mask = sparse.select(q, k, scale)
         plan_public_ms, plan_ms = plan_times(sparse, mask, q, scale, locs)
-        indices = build_plan_indices(mask, layout, locs)
+        indices = build_plan_indices(mask, layout, locs, HKV)
         attn_ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
         out = sparse.attention.run(q, k, v)
         total = select_ms + plan_ms + attn_ms
@@ -201,11 +213,11 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
                 plan_public_ms=plan_public_ms,
                 attn_ms=attn_ms,
                 shared_ms=attn_ms + (select_ms + plan_ms) / SPARSE_LAYERS,
-                density=float(mask.sum()) / causal_blocks,
-                recall=sum(bool(mask[n[:3]]) for n in needles) / len(needles),
-                missed=[n for n in needles if not bool(mask[n[:3]])],
+                density=float(mask.sum()) / causal_blocks / mask.shape[0],
+                recall=sum(bool(kv_head_mask(mask)[n[:3]]) for n in needles) / len(needles),
+                missed=[n for n in needles if not bool(kv_head_mask(mask)[n[:3]])],
                 rel_err=float((out.float() - dense_out.float()).norm() / dense_out.float().norm()),
-                tflops=plan_flops(indices) / attn_ms / 1e9,
+                tflops=plan_flops(indices, mask.shape[0]) / attn_ms / 1e9,
                 per_layer_overhead=(select_ms + plan_ms) / attn_ms,
             )
         )
@@ -214,7 +226,7 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
     for density in (1.0, 0.1, 0.05):
         rand = torch.rand(HKV, layout.num_rows, layout.num_rows, device=DEV) < density
         rmask = (rand | (cols[None, :] == cols[:, None])) & causal
-        flops = plan_flops(build_plan_indices(rmask, layout, locs))
+        flops = plan_flops(build_plan_indices(rmask, layout, locs), HKV)
         for backend in backends:
             sparse = SparsePrefill(SparseSettings(), BlockSparseAttention(workspace, backend))
             sparse.begin(layout, locs)
@@ -261,15 +273,15 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
         )
     ]
     locs = torch.arange(total, device=DEV)
-    for scorer in ("hybrid", "sampled", "pooled"):
-        sparse = SparsePrefill(SparseSettings(scorer=scorer), BlockSparseAttention(workspace))
+    for scorer in SCORERS:
+        sparse = SparsePrefill(scorer_settings(scorer), BlockSparseAttention(workspace))
         layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV)
         sparse.begin(layout, locs)
         select_ms = timed(lambda s=sparse: s.select(q_chunk, k, scale), 5)
         mask = sparse.select(q_chunk, k, scale)
         plan_public_ms, plan_ms = plan_times(sparse, mask, q_chunk, scale, locs)
         attn_ms = timed(lambda s=sparse: s.attention.run(q_chunk, k, v), 5)
-        flops = plan_flops(build_plan_indices(mask, layout, locs))
+        flops = plan_flops(build_plan_indices(mask, layout, locs, HKV), mask.shape[0])
         rows.append(
             dict(
                 L=total,
@@ -281,7 +293,8 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
                 plan_public_ms=plan_public_ms,
                 attn_ms=attn_ms,
                 tflops=flops / attn_ms / 1e9,
-                density=float(mask.sum()) / (HKV * layout.num_rows * (prefix // BLOCK + layout.num_rows / 2)),
+                density=float(mask.sum())
+                / (mask.shape[0] * layout.num_rows * (prefix // BLOCK + layout.num_rows / 2)),
             )
         )
     for row in rows:
@@ -320,7 +333,7 @@ def table(rows: list[dict], ceiling: float) -> str:
 
 
 def main() -> None:
-    global HQ, HKV
+    global HQ, HKV, PER_QUERY_HEAD
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lens", type=int, nargs="+", default=[8192, 32768, 65536, 131072])
     parser.add_argument("--chunk", type=int, default=8192)
@@ -333,8 +346,10 @@ def main() -> None:
         "--heads", type=int, nargs=2, default=[HQ, HKV], metavar=("HQ", "HKV"),
         help="query and KV heads (default the 8B shape; Qwen2.5-Coder-1.5B: 12 2)",
     )  # fmt: skip
+    parser.add_argument("--per-query-head", action="store_true", help="scored rows select per query head")
     args = parser.parse_args()
     HQ, HKV = args.heads
+    PER_QUERY_HEAD = args.per_query_head
     torch.manual_seed(0)
     workspace = torch.empty(512 << 20, dtype=torch.uint8, device=DEV)
     ceiling = matmul_ceiling()
@@ -346,7 +361,7 @@ def main() -> None:
     rows += bench_chunk(max(args.lens), args.chunk, workspace, ceiling)
     info = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, ceiling_tflops=ceiling, heads=[HQ, HKV],
-        rows=rows,
+        per_query_head=PER_QUERY_HEAD, rows=rows,
     )  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(info, indent=1))

@@ -31,6 +31,8 @@ class BlockLayout:
     block_size: int
     num_tokens: int
     max_key_blocks: int
+    prefix_lens: tuple[int, ...]  # per request, as given to `build` (host)
+    extend_lens: tuple[int, ...]
     row_q_start_host: torch.Tensor  # [R] first query row of each row block, batch-global (CPU)
     row_req: torch.Tensor  # [R] request of each row block
     row_block: torch.Tensor  # [R] absolute block index of each row block
@@ -99,6 +101,8 @@ class BlockLayout:
         return cls(
             block_size=bsz,
             num_tokens=q_offset,
+            prefix_lens=tuple(int(p) for p in prefix_lens),
+            extend_lens=tuple(int(n) for n in extend_lens),
             max_key_blocks=int(req[:, 1].max()),
             row_q_start_host=row[:, 2].clone(),
             row_req=dev(row[:, 0]),

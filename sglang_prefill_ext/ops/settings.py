@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-SCORERS = ("hybrid", "sampled", "pooled")
+SCORERS = ("hybrid", "sampled", "pooled", "antidiagonal")
 
 
 def _setting(default: object, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -23,6 +23,8 @@ class SparseSettings:
     diagonal), the diagonal itself, the query block is one of the request's last `last_blocks`, or the
     scorer picks it. Scorer "sampled": the block is among the fewest, largest blocks holding `mass` of
     the row's attention as estimated from `samples` exact query rows per block and head (sampled.py).
+    Scorer "antidiagonal": the same rule on the mass estimated from antidiagonal sums of `stride` x
+    `stride` tiles of QK^T (antidiagonal.py).
     Scorer "pooled": its pooled score reaches `threshold` x the row's best for some query head of the
     KV head's group. Scorer "hybrid": either rule keeps it. With `per_query_head` every query head
     gets its own blocks (its own sampled mass, its own pooled score) instead of one set per KV head.
@@ -35,16 +37,24 @@ class SparseSettings:
         "dot product of mean query and mean key per block pair, within --prefill-ext-sparse-threshold of "
         "the row's best), sampled (--prefill-ext-sparse-samples exact query rows per block and head attend "
         "over all keys; the fewest, largest blocks holding --prefill-ext-sparse-mass of their attention: "
-        "finds single-token needles a block mean dilutes) or hybrid (either keeps it).",
+        "finds single-token needles a block mean dilutes), hybrid (either keeps it) or antidiagonal (every "
+        "query row, at 1/--prefill-ext-sparse-stride of QK^T: the sums of the antidiagonals of stride x stride "
+        "tiles, softmaxed; the fewest, largest blocks holding --prefill-ext-sparse-mass of that estimate).",
         SCORERS,
     )
     mass: float = _setting(
         0.95,
-        "Sampled scorer: the fraction of each query block's estimated attention (mean over its KV head's "
-        "query heads and the sampled rows) the kept blocks must hold, largest first; 1 keeps them all.",
+        "Sampled and antidiagonal scorers: the fraction of each query block's estimated attention (per query "
+        "head, or the mean over its KV head's query heads) the kept blocks must hold, largest first; 1 keeps "
+        "them all.",
     )
     samples: int = _setting(
         2, "Sampled scorer: query rows sampled per query block (its last, then evenly back to its first)."
+    )
+    stride: int = _setting(
+        8,
+        "Antidiagonal scorer: query and key positions packed per antidiagonal (a power of two dividing the "
+        "block size); the scoring matmul costs 1/stride of QK^T.",
     )
     threshold: float = _setting(
         0.003,
@@ -73,6 +83,10 @@ class SparseSettings:
             raise ValueError(f"mass must lie in [0, 1], got {self.mass}")
         if self.samples < 1:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
+        if self.stride <= 0 or self.stride & (self.stride - 1):
+            raise ValueError(f"stride must be a power of two, got {self.stride}")
+        if self.scorer == "antidiagonal" and self.block_size % self.stride:
+            raise ValueError(f"stride {self.stride} must divide block_size {self.block_size}")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must lie in [0, 1], got {self.threshold}")
         if min(self.sink_blocks, self.local_blocks, self.last_blocks) < 0:

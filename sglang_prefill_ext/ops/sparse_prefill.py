@@ -2,7 +2,7 @@
 
 `begin` takes the batch's layout and KV slots once per forward. `attend` of a layer is the policy the
 server and the accuracy bench both run: it scores that layer's queries against the context's keys
-(sampled rows and/or pooled blocks), selects the kept blocks (per KV head, or per query head with
+(sampled rows and/or pooled blocks, or antidiagonal sums), selects the kept blocks (per KV head, or per query head with
 `settings.per_query_head`), plans FlashInfer and runs; with `per_layer=False` a later layer reuses the
 plan and only runs the attention (one selection and one plan per forward); a first layout denser than
 `max_density` is declined (None: the caller's dense attention runs from that layer on).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .antidiagonal import antidiagonal_mass
 from .attention import BlockSparseAttention
 from .layout import BlockLayout
 from .plan import build_plan_indices
@@ -48,6 +49,11 @@ class SparsePrefill:
         """Kept blocks [Hkv, R, C] from this layer's queries [N, Hq, D] and KV pool keys."""
         layout = self.layout
         scorer = self.settings.scorer
+        if scorer == "antidiagonal":
+            mass = antidiagonal_mass(
+                q, k_buffer, self._locs, layout, self.settings.stride, sm_scale, self.settings.per_query_head
+            )
+            return select_by_mass(mass, layout, self.settings)
         by_mass = None
         if scorer in ("sampled", "hybrid"):
             if self._geometry is None:

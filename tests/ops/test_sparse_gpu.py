@@ -46,6 +46,7 @@ KEEP_ALL = {
     "pooled": SparseSettings(scorer="pooled", threshold=0.0),
     "sampled": SparseSettings(scorer="sampled", mass=1.0),
     "hybrid_per_query_head": SparseSettings(scorer="hybrid", threshold=0.0, mass=1.0, per_query_head=True),
+    "antidiagonal_per_query_head": SparseSettings(scorer="antidiagonal", mass=1.0, per_query_head=True),
 }
 
 

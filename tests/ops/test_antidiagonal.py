@@ -1,0 +1,124 @@
+"""Antidiagonal block mass (XAttention's estimate) against the full logit matrix, and its selection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_prefill_ext.ops import antidiagonal
+from sglang_prefill_ext.ops.antidiagonal import antidiagonal_mass
+from sglang_prefill_ext.ops.layout import BlockLayout
+from sglang_prefill_ext.ops.scoring import select_by_mass
+from sglang_prefill_ext.ops.settings import SparseSettings
+from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+
+BLOCK = 16
+
+
+def _batch(heads: tuple[int, int], head_dim: int, prefix: list[int], extend: list[int], seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    layout = BlockLayout.build(prefix, extend, BLOCK)
+    q = torch.randn(layout.num_tokens, heads[0], head_dim, generator=gen)
+    total = layout.num_context_tokens
+    k_buffer = torch.randn(total + 5, heads[1], head_dim, generator=gen)
+    locs = torch.randperm(total + 5, generator=gen)[:total]
+    return layout, q, k_buffer, locs
+
+
+def _reference(q, k_buffer, locs, layout, stride, sm_scale) -> torch.Tensor:
+    """From each request's full [Hq, positions, positions] logits at absolute positions (rows without a
+    query and keys past the context zero): antidiagonal sums by strided slicing, softmax, tile sums."""
+    num_qo_heads = q.shape[1]
+    group = num_qo_heads // k_buffer.shape[1]
+    out = torch.zeros(num_qo_heads, layout.num_rows, layout.max_key_blocks)
+    row = q_off = ctx_off = 0
+    for prefix, extend in zip(layout.prefix_lens, layout.extend_lens, strict=True):
+        ctx = prefix + extend
+        cols = (ctx - 1) // BLOCK + 1
+        n = cols * BLOCK
+        queries = torch.zeros(n, num_qo_heads, q.shape[2])
+        queries[prefix:ctx] = q[q_off : q_off + extend]
+        keys = torch.zeros(n, k_buffer.shape[1], q.shape[2])
+        keys[:ctx] = k_buffer[locs[ctx_off : ctx_off + ctx]]
+        logits = torch.einsum("ihd,jhd->hij", queries, keys.repeat_interleave(group, 1))
+        packed = (
+            sum(logits[:, stride - 1 - t :: stride, t::stride] for t in range(stride)) * sm_scale / stride
+        )
+        m = n // stride
+        causal = torch.arange(m)[None, :] <= torch.arange(m)[:, None]
+        p = packed.masked_fill(~causal, float("-inf")).softmax(-1)
+        has_query = ((torch.arange(m) + 1) * stride > prefix) & (torch.arange(m) * stride < ctx)
+        p = p * has_query[None, :, None]
+        tiles = p.view(num_qo_heads, cols, BLOCK // stride, cols, BLOCK // stride).sum((2, 4))
+        first = prefix // BLOCK
+        out[:, row : row + cols - first, :cols] = tiles[:, first:]
+        row += cols - first
+        q_off += extend
+        ctx_off += ctx
+    return out / out.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize(("heads", "stride"), [((6, 2), 4), ((4, 4), 8), ((3, 1), 16)])
+def test_mass_matches_the_full_logit_matrix(heads: tuple[int, int], stride: int) -> None:
+    """Prefixes that do not end on a block or a packed row, a single-token request, shuffled slots."""
+    layout, q, k_buffer, locs = _batch(heads, 16, [0, 37, 5, 64], [90, 29, 1, 40])
+    per_q = antidiagonal_mass(q, k_buffer, locs, layout, stride, 0.3, per_query_head=True)
+    torch.testing.assert_close(
+        per_q, _reference(q, k_buffer, locs, layout, stride, 0.3), atol=1e-5, rtol=1e-4
+    )
+    per_kv = antidiagonal_mass(q, k_buffer, locs, layout, stride, 0.3)
+    torch.testing.assert_close(per_kv, per_q.view(heads[1], -1, *per_q.shape[1:]).mean(1))
+    torch.testing.assert_close(per_kv.sum(-1), torch.ones(heads[1], layout.num_rows))
+    after = torch.arange(layout.max_key_blocks)[None, :] > layout.row_block.long()[:, None]
+    assert float(per_q[:, after].abs().max()) == 0.0
+
+
+def test_rows_processed_in_steps_give_the_same_mass(monkeypatch: pytest.MonkeyPatch) -> None:
+    layout, q, k_buffer, locs = _batch((4, 2), 16, [40], [300], seed=1)
+    whole = antidiagonal_mass(q, k_buffer, locs, layout, 4, 0.25, per_query_head=True)
+    monkeypatch.setattr(antidiagonal, "SCORE_BYTES", 1)  # one query block per step
+    torch.testing.assert_close(
+        antidiagonal_mass(q, k_buffer, locs, layout, 4, 0.25, per_query_head=True), whole
+    )
+
+
+def test_a_key_every_query_of_one_head_reads_is_kept_for_that_head_only() -> None:
+    """A single key token (a vertical line) sought by every row of query head 4: every antidiagonal
+    crossing it sees it, so its block is kept for head 4, while head 0 keeps a sparse layout."""
+    layout, q, k_buffer, locs = _batch((6, 2), 32, [16 * 40], [16 * 8], seed=3)
+    needle = torch.randn(32)
+    needle = 12.0 * needle / needle.norm()
+    key_block, q_head = 9, 4  # query head 4 belongs to KV head 1
+    q[:, q_head] += needle
+    k_buffer[locs[key_block * BLOCK + 5], 1] += needle
+    settings = SparseSettings(
+        block_size=BLOCK, scorer="antidiagonal", stride=4, mass=0.5, per_query_head=True
+    )
+    sparse = SparsePrefill(settings, None)
+    sparse.begin(layout, locs)
+    keep = sparse.select(q, k_buffer, 32**-0.5)
+    assert bool(keep[q_head, :, key_block].all())
+    assert not bool(keep[0, :, key_block].all())
+    assert float(keep[0].float().sum() / (layout.row_block.long() + 1).sum()) < 0.6
+    want = select_by_mass(antidiagonal_mass(q, k_buffer, locs, layout, 4, 32**-0.5, True), layout, settings)
+    assert torch.equal(keep, want)
+
+
+def test_stride_must_divide_the_block_for_this_scorer() -> None:
+    with pytest.raises(ValueError, match="stride 32 must divide block_size 16"):
+        SparseSettings(block_size=16, scorer="antidiagonal", stride=32)
+    with pytest.raises(ValueError, match="power of two"):
+        SparseSettings(stride=6)
+    assert SparseSettings(block_size=16, scorer="pooled", stride=32).stride == 32
+
+
+@pytest.mark.gpu
+def test_bf16_on_cuda_matches_the_fp32_mass() -> None:
+    """The serving dtype: bf16 Q/K on the GPU (the matmul in bf16, softmax in fp32) against fp32 on the CPU."""
+    layout, q, k_buffer, locs = _batch((12, 2), 128, [300, 0], [1700, 900], seed=4)
+    want = antidiagonal_mass(q, k_buffer, locs, layout, 8, 128**-0.5, per_query_head=True)
+    gpu = BlockLayout.build(list(layout.prefix_lens), list(layout.extend_lens), BLOCK, "cuda")
+    got = antidiagonal_mass(
+        q.cuda().bfloat16(), k_buffer.cuda().bfloat16(), locs.cuda(), gpu, 8, 128**-0.5, per_query_head=True
+    )
+    torch.testing.assert_close(got.cpu(), want, atol=2e-2, rtol=0)
