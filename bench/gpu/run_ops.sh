@@ -3,6 +3,7 @@
 # From the repo root, with the device tool's carry [".whl/sglang-site-cp312.tar.xz", ".gpu"]:
 #     bash bench/gpu/run_ops.sh                     # tests + the 128K rows and the 8K-chunk rows, ~2 min
 #     LENS="8192 32768 65536 131072" bash bench/gpu/run_ops.sh   # every length
+#     OPS_ARGS="--heads 12 2 --per-query-head" bash bench/gpu/run_ops.sh   # Qwen2.5-Coder-1.5B's shape
 # Results land in $OUT (default ./out-ops): pytest_gpu.log, ops_bench.log, ops_bench.json, summary.txt,
 # new-flashinfer-jit.tgz if FlashInfer had to build a module the kernel cache lacked, and
 # triton-ops-cache.tgz: the Triton kernels compiled here (scoring, pooling, index expansion), relative to
@@ -27,7 +28,7 @@ pytest_rc=${PIPESTATUS[0]}
 echo "gpu tests: rc=$pytest_rc after $(( $(date +%s) - t0 )) s"
 
 # shellcheck disable=SC2086  # LENS is a list
-timeout ${BENCH_TIMEOUT:-300} python3 -m bench.ops.ops_bench --lens $LENS --json "$OUT/ops_bench.json" 2>&1 | tee "$OUT/ops_bench.log"
+timeout ${BENCH_TIMEOUT:-300} python3 -m bench.ops.ops_bench --lens $LENS ${OPS_ARGS:-} --json "$OUT/ops_bench.json" 2>&1 | tee "$OUT/ops_bench.log"
 bench_rc=${PIPESTATUS[0]}
 echo "bench: rc=$bench_rc after $(( $(date +%s) - t0 )) s"
 
