@@ -102,7 +102,9 @@ def test_goodput_table_compares_each_ext_variant_with_the_best_stock_one() -> No
     def summary(goodput: float, short_p99: float) -> dict:
         return {"workloads": {"mixed": {"goodput_req_s": goodput, "ttft_short_s": {"p99": short_p99}}}}
 
-    md = render_goodput([("stock", summary(1.0, 1.2)), ("stock_mc", summary(2.0, 1.0)), ("ext", summary(5.0, 0.2))])
+    md = render_goodput(
+        [("stock", summary(1.0, 1.2)), ("stock_mc", summary(2.0, 1.0)), ("ext", summary(5.0, 0.2))]
+    )
     assert "| mixed | goodput (req/s) | 1.000 | 2.000 | 5.000 | stock_mc | 2.50 |" in md
     assert "| mixed | short TTFT p99 (s) | 1.200 | 1.000 | 0.200 | stock_mc | 5.00 |" in md
 
@@ -134,9 +136,7 @@ async def serve_then_generate() -> Record:
     port = runner.addresses[0][1]
     try:
         async with Client(f"http://127.0.0.1:{port}", "x", None, progress=False) as client:
-            return await client.generate(
-                [1, 2, 3], workload="w", group="g", idx=0, t0=0.0, max_new_tokens=4
-            )
+            return await client.generate([1, 2, 3], workload="w", group="g", idx=0, t0=0.0, max_new_tokens=4)
     finally:
         await runner.cleanup()
 

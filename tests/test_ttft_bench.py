@@ -77,7 +77,10 @@ def test_summary_counts_hits_recomputed_tokens_and_errors() -> None:
 def test_report_of_two_summaries_gives_stock_over_ext(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     paths = []
     for label, ttft_s in (("stock", 0.2), ("ext", 0.1)):
-        summary = {"label": label, "workloads": {"rag": summarize_workload(rag_records(ttft_s), 2.0, {}, Targets())}}
+        summary = {
+            "label": label,
+            "workloads": {"rag": summarize_workload(rag_records(ttft_s), 2.0, {}, Targets())},
+        }
         paths.append(tmp_path / f"{label}.json")
         paths[-1].write_text(json.dumps(summary))
     md = tmp_path / "report.md"

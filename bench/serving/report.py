@@ -301,7 +301,9 @@ def render_goodput(summaries: list[tuple[str, dict[str, Any]]]) -> str:
     ext = [i for i, lab in enumerate(labels) if lab.startswith("ext")]
     names: list[str] = []
     for _, s in summaries:
-        names += [w for w, ws in (s.get("workloads") or {}).items() if "goodput_req_s" in ws and w not in names]
+        names += [
+            w for w, ws in (s.get("workloads") or {}).items() if "goodput_req_s" in ws and w not in names
+        ]
     if not names:
         return ""
     targets = next((s["targets"] for _, s in summaries if "targets" in s), None)
@@ -321,7 +323,11 @@ def render_goodput(summaries: list[tuple[str, dict[str, Any]]]) -> str:
             row = f"| {w} | {title} |" + "".join(f" {fmt(v)} |" for v in vals)
             row += f" {labels[best]} |" if best is not None else " - |"
             for i in ext:
-                row += f" {_ratio(vals[i], vals[best]) if higher else _ratio(vals[best], vals[i])} |" if best is not None else " - |"
+                row += (
+                    f" {_ratio(vals[i], vals[best]) if higher else _ratio(vals[best], vals[i])} |"
+                    if best is not None
+                    else " - |"
+                )
             lines.append(row)
     return "\n".join(lines) + "\n"
 
@@ -366,10 +372,9 @@ def plot_panels(panels: Sequence[Panel], png: Path) -> bool:
     return True
 
 
-def _panels(
-    summaries: list[tuple[str, dict[str, Any]]], key: str, title: str, xlabel: str
-) -> list[Panel]:
+def _panels(summaries: list[tuple[str, dict[str, Any]]], key: str, title: str, xlabel: str) -> list[Panel]:
     """A panel per workload of the sorted values under `key` (a workload's field, or `group/field`)."""
+
     def values(s: dict[str, Any], w: str) -> list[float]:
         group, _, field = key.rpartition("/")
         path = ("workloads", w, "groups", group, field) if group else ("workloads", w, field)

@@ -207,21 +207,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pressure-concurrency", type=int, default=2)
 
     t = r.add_argument_group("goodput targets (defaults: issue 27's)")
-    t.add_argument("--short-max-tokens", type=int, default=Targets.short_max_tokens, help="short: uncached tokens")
-    t.add_argument("--short-ttft-s", type=float, default=Targets.short_ttft_s, help="a short request's TTFT target")
+    t.add_argument(
+        "--short-max-tokens", type=int, default=Targets.short_max_tokens, help="short: uncached tokens"
+    )
+    t.add_argument(
+        "--short-ttft-s", type=float, default=Targets.short_ttft_s, help="a short request's TTFT target"
+    )
     t.add_argument(
         "--long-ttft-factor",
         type=float,
         default=Targets.long_factor,
         help="a long request's TTFT target: this x the same prompt alone on stock",
     )
-    t.add_argument("--tbt-p99-s", type=float, default=Targets.tbt_p99_s, help="every request's TBT p99 target")
+    t.add_argument(
+        "--tbt-p99-s", type=float, default=Targets.tbt_p99_s, help="every request's TBT p99 target"
+    )
     t.add_argument(
         "--alone-cost",
         default=str(Targets.alone_cost),
         help="alone on stock: FIXED_MS,TOKEN_US,PAIR_PS of stock's passes (bench/lib/goodput.py)",
     )
-    t.add_argument("--alone-chunk", type=int, default=Targets.alone_chunk, help="stock's chunked prefill size")
+    t.add_argument(
+        "--alone-chunk", type=int, default=Targets.alone_chunk, help="stock's chunked prefill size"
+    )
 
     for verb in ("report", "compare"):
         rp = sub.add_parser(verb, help="markdown table + CDF PNG; two summaries give ratios")
