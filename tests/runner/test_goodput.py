@@ -88,7 +88,6 @@ def test_no_pass_plan_skips_a_decode_and_kv_stays_exact(replay: ModuleType, mixe
     assert all(len(passes) == 16 for passes in result.token_passes.values())
     assert set(skipped_decodes(result).values()) == {0}
     assert max(skipped_decodes(stock).values()) > 0
-    assert result.prefill_tokens == stock.prefill_tokens
 
 
 @ported("tbt_target_ms")
