@@ -18,7 +18,8 @@
 #                  with "ext" runs the patched SGLang with EXT_ARGS_<name> (ext: EXT_ARGS), e.g.
 #                  VARIANTS="stock ext ext_sparse" EXT_ARGS_ext_sparse="--enable-prefill-ext --prefill-ext-sparse";
 #                  any other name starting with "stock" runs stock SGLang with STOCK_ARGS_<name>, e.g.
-#                  STOCK_ARGS_stock_fi="--attention-backend flashinfer" (a second, labelled baseline)
+#                  STOCK_ARGS_stock_fi="--attention-backend flashinfer" (a second, labelled baseline);
+#                  a variant whose server does not start is skipped, the others still run
 #   WORKLOADS      main-phase workloads [baseline,burst,rag,agent,unique,mixed]; "none" skips
 #                  them (and the main phase unless ROBUST=1), e.g. a call for the pressure phase alone
 #   PRESSURE       1: also the pressure phase (separate servers, PRESSURE_SERVER_ARGS) [1]

