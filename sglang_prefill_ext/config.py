@@ -145,8 +145,25 @@ class PrefillExtConfig:
         "0: off (SGLang's chunk size every pass).",
         check=_non_negative,
     )
+    tbt_target_ms: float = _option(
+        0.0,
+        "Goodput scheduling (runner/goodput.py): decodes ride every prefill pass (SGLang's mixed chunk, "
+        "turned on by this flag) and, while a request decodes or a short one waits, each pass is held to "
+        "a predicted forward time (--prefill-ext-pass-cost) of 0.75 x this target, so every decoding "
+        "request gets a token about this often; waiting short requests go first by deadline slack "
+        "(--prefill-ext-short-ttft-target-ms), the chunked long prompt takes what is left; with nobody "
+        "decoding or waiting, SGLang's full chunks. 0: off. Not with --prefill-ext-pass-budget-ms.",
+        check=_non_negative,
+    )
+    short_ttft_target_ms: float = _option(
+        250.0,
+        "Goodput scheduling: the TTFT target a waiting short request's deadline slack is counted from.",
+        check=_non_negative,
+    )
     short_max_tokens: int = _option(
-        4096, "Short requests first: a waiting request with at most this many uncached tokens is short."
+        4096,
+        "Short requests first and goodput scheduling: a waiting request with at most this many uncached "
+        "tokens is short.",
     )
     short_window_s: float = _option(
         1.0,
@@ -155,8 +172,8 @@ class PrefillExtConfig:
     )
     min_long_chunk: int = _option(
         512,
-        "Short requests first: a budgeted pass never shrinks a long prompt's chunk below this many tokens, "
-        "so long prompts keep progressing.",
+        "Short requests first and goodput scheduling: a budgeted pass never shrinks a long prompt's chunk "
+        "below this many tokens, so long prompts keep progressing.",
     )
     pass_cost: PassCost = _option(
         PassCost(),
@@ -224,7 +241,12 @@ class PrefillExtConfig:
                 fields[name] = value
             else:
                 settings[flag.setting] = value
-        return cls(**fields, sparse_settings=SparseSettings(**settings))
+        config = cls(**fields, sparse_settings=SparseSettings(**settings))
+        if config.tbt_target_ms > 0 and config.pass_budget_ms > 0:
+            raise OptionError(
+                "--prefill-ext-tbt-target-ms and --prefill-ext-pass-budget-ms are two pass budgets: give one"
+            )
+        return config
 
 
 def option_name(name: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.lib.client import Record
+from bench.lib.goodput import Targets
 from bench.serving import ttft_bench
 from bench.serving.report import summarize_workload
 from bench.serving.workloads import WORKLOADS, TokenSource, pressure_names, workload_kind
@@ -59,7 +60,7 @@ def rag_records(ttft_s: float) -> list[Record]:
 
 
 def test_summary_counts_hits_recomputed_tokens_and_errors() -> None:
-    s = summarize_workload(rag_records(0.1), wall_s=2.0, extra={"arrival_rate_per_s": 8.0})
+    s = summarize_workload(rag_records(0.1), wall_s=2.0, extra={"arrival_rate_per_s": 8.0}, targets=Targets())
     assert (s["n"], s["errors"], s["error_samples"]) == (4, 1, ["HTTP 500: boom"])
     assert s["hit_rate"] == pytest.approx(1300 / 3000)
     assert s["reuse_hit_rate"] == pytest.approx(1300 / 1800)
@@ -76,7 +77,10 @@ def test_summary_counts_hits_recomputed_tokens_and_errors() -> None:
 def test_report_of_two_summaries_gives_stock_over_ext(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     paths = []
     for label, ttft_s in (("stock", 0.2), ("ext", 0.1)):
-        summary = {"label": label, "workloads": {"rag": summarize_workload(rag_records(ttft_s), 2.0, {})}}
+        summary = {
+            "label": label,
+            "workloads": {"rag": summarize_workload(rag_records(ttft_s), 2.0, {}, Targets())},
+        }
         paths.append(tmp_path / f"{label}.json")
         paths[-1].write_text(json.dumps(summary))
     md = tmp_path / "report.md"

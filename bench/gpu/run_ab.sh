@@ -5,8 +5,8 @@
 # set the patch state with the project's CLI (stock: reverted; ext: applied), start
 # `python3 -m sglang.launch_server` with identical flags (ext adds --enable-prefill-ext), poll
 # /health, run bench.serving.ttft_bench, kill the server's process tree. Then write a report with
-# stock/ext ratios and a TTFT CDF. Everything lands under $OUT in at most 7 files:
-#   env.txt  summary-stock.json  summary-ext.json  report.md  ttft-cdf.png  ab-results.tar.gz
+# stock/ext ratios, a goodput table of every variant and the CDFs. Everything lands under $OUT:
+#   env.txt  summary-<variant>.json  report.md  ttft-cdf.png  goodput-cdf.png  ab-results.tar.gz
 # (the tarball holds every per-request JSONL, the summaries, server logs and patch-CLI output).
 #
 # On the offline H200 host it first unpacks .whl/sglang-site-cp312.tar.xz to $SITE and the kernel
@@ -18,7 +18,8 @@
 #                  with "ext" runs the patched SGLang with EXT_ARGS_<name> (ext: EXT_ARGS), e.g.
 #                  VARIANTS="stock ext ext_sparse" EXT_ARGS_ext_sparse="--enable-prefill-ext --prefill-ext-sparse";
 #                  any other name starting with "stock" runs stock SGLang with STOCK_ARGS_<name>, e.g.
-#                  STOCK_ARGS_stock_fi="--attention-backend flashinfer" (a second, labelled baseline)
+#                  STOCK_ARGS_stock_fi="--attention-backend flashinfer" (a second, labelled baseline);
+#                  a variant whose server does not start is skipped, the others still run
 #   WORKLOADS      main-phase workloads [baseline,burst,rag,agent,unique,mixed]; "none" skips
 #                  them (and the main phase unless ROBUST=1), e.g. a call for the pressure phase alone
 #   PRESSURE       1: also the pressure phase (separate servers, PRESSURE_SERVER_ARGS) [1]
@@ -176,7 +177,8 @@ for v in $VARIANTS; do
 done
 if [ ${#sums[@]} -gt 0 ]; then
   $PY -m bench.serving.ttft_bench report "${sums[@]}" --reference bench/baselines/h200-stock-2026-11-29.json \
-    --out-md "$OUT/report.md" --out-png "$OUT/ttft-cdf.png" || log "report failed"
+    --out-md "$OUT/report.md" --out-png "$OUT/ttft-cdf.png" \
+    --out-goodput-png "$OUT/goodput-cdf.png" || log "report failed"
 fi
 robust=()
 for v in $VARIANTS; do [ -f "$OUT/robustness-$v.json" ] && robust+=("$OUT/robustness-$v.json"); done

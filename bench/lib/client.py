@@ -122,6 +122,9 @@ class Record:
     session: int | None = None
     turn: int | None = None
     rep: int | None = None
+    # Time between tokens: the gap before each streamed event that brought new tokens, after the
+    # first token (an event bringing several tokens is one gap: what the reader waited).
+    tbt_s: list[float] = dataclasses.field(default_factory=list)
     output_ids: list[int] | None = dataclasses.field(default=None, repr=False)
 
     @property
@@ -211,6 +214,7 @@ class Client:
         rec.t_send = start - t0
         output_ids: list[int] = []
         last: dict[str, Any] | None = None
+        seen, t_token = 0, start
         try:
             async with self.session.post(
                 self.url + "/generate", data=body, headers={"Content-Type": "application/json"}
@@ -239,6 +243,10 @@ class Client:
                             n_done = _completion_tokens(event)
                             if rec.ttft_s is None and n_done >= 1:
                                 rec.ttft_s = now - start
+                            elif n_done > seen >= 1:
+                                rec.tbt_s.append(now - t_token)
+                            if n_done > seen:
+                                seen, t_token = n_done, now
                             new_ids = event.get("output_ids") or []
                             # Incremental streaming sends deltas, the default sends the whole list.
                             if len(new_ids) == n_done:

@@ -12,6 +12,13 @@ to the end of the forward holding the prompt's last chunk (no HTTP, no detokeniz
 
     python -m bench.replay.mixed_replay --overlap
     python -m bench.replay.mixed_replay --overlap --budget-ms 60 100 --stock-chunk 8192 2048
+    python -m bench.replay.mixed_replay --overlap --budget-ms --tbt-target-ms 100 --mixed-chunk
+
+Besides TTFT it reports time between tokens (each token at the end of the forward that made it) and
+goodput at bench/lib/goodput.py's default targets. Under --overlap the replay joins a request to the
+decoding batch when its prefill result is processed, one pass after SGLang (whose
+`get_next_batch_to_run` merges the batch just launched): riding decodes get a token every other pass
+here, every pass on the GPU, so the replay's TBT under mixed chunk and overlap is pessimistic.
 
 Needs the venv's SGLang patched: `make apply SGLANG_VERSION=<its version>`.
 """
@@ -20,11 +27,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import random
 import statistics
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from bench.lib.goodput import Targets, judge, summarize_goodput
 from bench.replay import schedule_replay as sr
 from sglang_prefill_ext.runner.short_first import PassCost
 
@@ -77,8 +87,14 @@ class TimedResult:
     mode: str
     ttft_ms: dict[str, float]  # rid -> scheduler-side TTFT
     e2e_ms: dict[str, float]  # rid -> arrival to its last token
+    tbt_ms: dict[str, list[float]]  # rid -> gaps between its tokens (each at its forward's end)
+    token_passes: dict[
+        str, list[int]
+    ]  # rid -> the forwards (prefill or decode, counted from 0) giving it a token
     chunks: dict[str, int]  # rid -> passes its prompt was computed in
     groups: dict[str, str]
+    prompt_tokens: dict[str, int]
+    span_ms: float  # the first arrival to the last token
     passes: int
     prefill_tokens: int
     busy_ms: float
@@ -89,6 +105,17 @@ class TimedResult:
 
     def group_e2es(self, group: str) -> list[float]:
         return [v for rid, v in self.e2e_ms.items() if self.groups[rid] == group]
+
+    def gaps(self) -> list[float]:
+        return [g for gaps in self.tbt_ms.values() for g in gaps]
+
+    def goodput(self, targets: Targets) -> dict[str, Any]:
+        """bench/lib/goodput.py's numbers on the simulated clock (prompts are unique: nothing cached)."""
+        verdicts = [
+            judge(self.prompt_tokens[rid], 0, ms / 1e3, [g / 1e3 for g in self.tbt_ms.get(rid, [])], targets)
+            for rid, ms in self.ttft_ms.items()
+        ]
+        return summarize_goodput(verdicts, len(self.groups), self.span_ms / 1e3)
 
 
 def run_timed(
@@ -110,6 +137,9 @@ def run_timed(
     ttft: dict[str, float] = {}
     e2e: dict[str, float] = {}
     chunks: dict[str, int] = {}
+    token_ms: dict[str, list[float]] = {}
+    token_passes: dict[str, list[int]] = {}
+    forwards = 0
     todo = list(arrivals)
     gpu_free, busy, errors = 0.0, 0.0, []
     while todo or replay.busy():
@@ -136,6 +166,11 @@ def run_timed(
                     chunks[rid] = chunks.get(rid, 0) + 1
                 if end == lengths[rid] and rid not in ttft:
                     ttft[rid] = gpu_free - arrived[rid]
+            riders = [rid for rid, _, end in step.admitted if end >= lengths[rid]]  # a last chunk or a decode
+            for rid in riders + step.decoded:
+                token_ms.setdefault(rid, []).append(gpu_free)
+                token_passes.setdefault(rid, []).append(forwards)
+            forwards += 1
             # The next batch is formed once this one is launched (overlap) or has finished.
             clock["ms"] = start if config.overlap else gpu_free
         elif todo and not replay.busy():
@@ -148,8 +183,12 @@ def run_timed(
         mode="",
         ttft_ms=ttft,
         e2e_ms=e2e,
+        tbt_ms={rid: [b - a for a, b in itertools.pairwise(ts)] for rid, ts in token_ms.items()},
+        token_passes=token_passes,
         chunks=chunks,
         groups={a.req.rid: a.group for a in arrivals},
+        prompt_tokens=lengths,
+        span_ms=max(arrived[rid] + ms for rid, ms in e2e.items()) - min(arrived.values()),
         passes=sum(1 for s in replay.steps if s.admitted),
         prefill_tokens=replay.prefill_tokens,
         busy_ms=busy,
@@ -162,17 +201,25 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
-def table(results: list[TimedResult]) -> str:
+def table(results: list[TimedResult], targets: Targets) -> str:
     lines = [
         "| mode | short TTFT p50 ms | short TTFT p99 ms | long TTFT p50 ms | short end-to-end p50 ms | "
-        "passes | busy ms |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "TBT p50 ms | TBT p99 ms | within both targets | goodput req/s | passes | busy ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        short, long, done = r.group_ttfts("short"), r.group_ttfts("long"), r.group_e2es("short")
+        short, long, done, gaps = (
+            r.group_ttfts("short"),
+            r.group_ttfts("long"),
+            r.group_e2es("short"),
+            r.gaps(),
+        )
+        good = r.goodput(targets)
         lines.append(
             f"| {r.mode} | {statistics.median(short):.0f} | {_pct(short, 99):.0f} | "
-            f"{statistics.median(long):.0f} | {statistics.median(done):.0f} | {r.passes} | {r.busy_ms:.0f} |"
+            f"{statistics.median(long):.0f} | {statistics.median(done):.0f} | {_pct(gaps, 50):.0f} | "
+            f"{_pct(gaps, 99):.0f} | {good['slo_attainment']:.2f} | {good['goodput_req_s']:.2f} | "
+            f"{r.passes} | {r.busy_ms:.0f} |"
         )
     return "\n".join(lines)
 
@@ -182,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--overlap", action="store_true", help="SGLang's overlap event loop (its default)")
-    parser.add_argument("--budget-ms", type=float, nargs="+", default=[100.0], help="ext pass budgets")
+    parser.add_argument("--budget-ms", type=float, nargs="*", default=[100.0], help="ext pass budgets")
+    parser.add_argument(
+        "--tbt-target-ms", type=float, nargs="*", default=[100.0], help="ext goodput scheduling's TBT targets"
+    )
     parser.add_argument("--window-s", type=float, nargs="+", default=[1.0], help="ext short windows")
     parser.add_argument("--stock-chunk", type=int, nargs="+", default=[8192, 2048], help="stock chunk sizes")
     parser.add_argument("--pass-cost", default="5,22,890", help="FIXED_MS,TOKEN_US,PAIR_PS")
@@ -204,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             variants.append((f"ext, budget {budget:g} ms, window {window:g} s", True, 8192, extra))
     if args.mixed_chunk:
         variants += [(f"{m}, mixed chunk", e, c, (*x, "--enable-mixed-chunk")) for m, e, c, x in variants]
+    for target in args.tbt_target_ms:
+        extra = ("--prefill-ext-tbt-target-ms", str(target), "--prefill-ext-pass-cost", args.pass_cost)
+        variants.append((f"ext goodput, TBT target {target:g} ms", True, 8192, extra))
     results = []
     for mode, ext, chunk, extra in variants:
         config = sr.ReplayConfig(ext=ext, chunked_prefill_size=chunk, overlap=args.overlap, extra_args=extra)
@@ -215,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"cost model: {cost}, decode step {args.decode_ms:g} ms, {args.output} tokens a request; overlap {args.overlap}\n"
     )
-    print(table(results))
+    print(table(results, Targets(alone_cost=cost)))
     return 0
 
 

@@ -246,10 +246,12 @@ class ReplayConfig:
 
 @dataclasses.dataclass
 class StepRecord:
-    """One scheduling pass: who was admitted with which extend range, and how long it took."""
+    """One scheduling pass: who was admitted with which extend range, how long it took, and (a decode
+    step: no prefill batch formed) the requests that decoded a token."""
 
     admitted: list[tuple[str, int, int]]
     cpu_s: float
+    decoded: list[str] = dataclasses.field(default_factory=list)
 
 
 class ReplayScheduler:
@@ -303,6 +305,7 @@ class ReplayScheduler:
         if batch is not None:
             self.prefill_tokens += batch.extend_num_tokens
         elif not self.running_batch.is_empty():
+            self.steps[-1].decoded = [r.rid for r in self.running_batch.reqs]
             self._decode()  # SGLang's event loop: decode only when no prefill batch forms
         if self.config.overlap:
             self._pending, batch = batch, self._pending

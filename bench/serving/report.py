@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib.client import Record
+from bench.lib.goodput import Targets, judge, summarize_goodput, tbt_p99
 from bench.lib.stats import percentile
 
 # --------------------------------------------------------------------------------------------
@@ -31,8 +32,14 @@ def _dist(values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
-def summarize(records: Sequence[Record], wall_s: float) -> dict[str, Any]:
+def summarize(records: Sequence[Record], wall_s: float, targets: Targets) -> dict[str, Any]:
     ok = [r for r in records if r.error is None and r.ttft_s is not None]
+    gaps = sorted(g for r in ok for g in r.tbt_s)
+    verdicts = [
+        judge(r.prompt_tokens, r.cached_tokens or 0, r.ttft_s, r.tbt_s, targets)
+        for r in ok
+        if r.ttft_s is not None
+    ]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens or 0 for r in ok)
@@ -51,11 +58,15 @@ def summarize(records: Sequence[Record], wall_s: float) -> dict[str, Any]:
         if r.e2e_s is not None and r.ttft_s is not None and r.output_tokens > 1 and r.e2e_s > r.ttft_s
     ]
     decode_tokens = sum(max(0, r.output_tokens - 1) for r in ok)
+    short = [r.ttft_s for r, v in zip(ok, verdicts, strict=True) if v.short]
+    long = [r.ttft_s for r, v in zip(ok, verdicts, strict=True) if not v.short]
     return {
         "n": len(records),
         "errors": len(records) - len(ok),
         "error_samples": [r.error for r in records if r.error][:3],
         "ttft_s": _dist(ttfts),
+        "ttft_short_s": _dist(short),
+        "ttft_long_s": _dist(long),
         "e2e_s": _dist([r.e2e_s for r in ok if r.e2e_s is not None]),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
@@ -68,21 +79,29 @@ def summarize(records: Sequence[Record], wall_s: float) -> dict[str, Any]:
         "prefill_tok_s_per_req_p50": percentile(per_req_prefill, 50),
         "decode_tok_s_per_req_p50": percentile(decode, 50),
         "decode_tok_s_total": decode_tokens / wall_s if wall_s > 0 else None,
+        "tbt_s": _dist(gaps),
+        "tbt_p99_per_req_s": _dist([p for r in ok if (p := tbt_p99(r.tbt_s)) is not None]),
+        **summarize_goodput(verdicts, len(records), wall_s),
         "output_tokens": sum(r.output_tokens for r in ok),
         "wall_s": wall_s,
         "ttfts": sorted(ttfts),
+        "ttfts_short": sorted(short),
+        "tbts": gaps,
     }
 
 
-def summarize_workload(records: Sequence[Record], wall_s: float, extra: dict[str, Any]) -> dict[str, Any]:
-    out = summarize(records, wall_s)
+def summarize_workload(
+    records: Sequence[Record], wall_s: float, extra: dict[str, Any], targets: Targets
+) -> dict[str, Any]:
+    out = summarize(records, wall_s, targets)
     groups: dict[str, list[Record]] = {}
     for r in records:
         groups.setdefault(r.group, []).append(r)
     out["groups"] = {}
     for g, recs in groups.items():
-        s = summarize(recs, wall_s)
-        s.pop("ttfts")
+        s = summarize(recs, wall_s, targets)
+        for values in ("ttfts", "ttfts_short", "tbts"):
+            s.pop(values)
         s["ttft_values"] = [r.ttft_s for r in recs]
         s["cached_values"] = [r.cached_tokens for r in recs]
         out["groups"][g] = s
@@ -121,7 +140,29 @@ METRICS: tuple[tuple[tuple[str, ...], str, int], ...] = (
     (("reuse_hit_rate",), "cached / reusable tokens", 3),
     (("recomputed_tokens",), "recomputed tokens (reusable, not cached)", 0),
     (("decode_tok_s_per_req_p50",), "decode tok/s per request (p50)", 0),
+    (("tbt_s", "p50"), "TBT p50, all gaps (s)", 3),
+    (("tbt_s", "p99"), "TBT p99, all gaps (s)", 3),
+    (("tbt_p99_per_req_s", "p50"), "TBT p99 of a request, median (s)", 3),
+    (("ttft_short_s", "p99"), "short TTFT p99 (s)", 3),
+    (("ttft_long_s", "p50"), "long TTFT p50 (s)", 3),
+    (("long_ttft_over_alone_p50",), "long TTFT / alone on stock (p50)", 2),
+    (("ttft_attainment_short",), "short requests within the TTFT target", 2),
+    (("ttft_attainment_long",), "long requests within the TTFT target", 2),
+    (("tbt_attainment",), "requests within the TBT target", 2),
+    (("slo_attainment",), "requests within both targets", 2),
+    (("goodput_req_s",), "goodput (req/s within both targets)", 2),
     (("errors",), "errors", 0),
+)
+# The goodput table's rows: the metric, its title, and whether higher is better.
+GOODPUT_ROWS: tuple[tuple[tuple[str, ...], str, bool], ...] = (
+    (("goodput_req_s",), "goodput (req/s)", True),
+    (("slo_attainment",), "within both targets", True),
+    (("ttft_short_s", "p50"), "short TTFT p50 (s)", False),
+    (("ttft_short_s", "p99"), "short TTFT p99 (s)", False),
+    (("ttft_long_s", "p50"), "long TTFT p50 (s)", False),
+    (("tbt_s", "p99"), "TBT p99, all gaps (s)", False),
+    (("tbt_p99_per_req_s", "p99"), "TBT p99 of a request, p99 (s)", False),
+    (("decode_tok_s_per_req_p50",), "decode tok/s per request (p50)", True),
 )
 
 
@@ -252,7 +293,50 @@ def render_report(summaries: list[tuple[str, dict[str, Any]]], reference: dict[s
     return "\n".join(lines) + "\n"
 
 
-def plot_cdf(summaries: list[tuple[str, dict[str, Any]]], png: Path) -> bool:
+def render_goodput(summaries: list[tuple[str, dict[str, Any]]]) -> str:
+    """Every variant side by side on the goodput metrics, and each ext* variant over the best stock*
+    variant of the row (the best: highest goodput, lowest time); > 1 means the ext variant is better."""
+    labels = [lab for lab, _ in summaries]
+    stock = [i for i, lab in enumerate(labels) if lab.startswith("stock")]
+    ext = [i for i, lab in enumerate(labels) if lab.startswith("ext")]
+    names: list[str] = []
+    for _, s in summaries:
+        names += [
+            w for w, ws in (s.get("workloads") or {}).items() if "goodput_req_s" in ws and w not in names
+        ]
+    if not names:
+        return ""
+    targets = next((s["targets"] for _, s in summaries if "targets" in s), None)
+    lines = ["### Goodput (TTFT and TBT targets)", ""]
+    if targets:
+        lines += [f"Targets: {json.dumps(targets)}", ""]
+    head = "| workload | metric |" + "".join(f" {lab} |" for lab in labels)
+    head += " best stock |" + "".join(f" {labels[i]} / best stock |" for i in ext)
+    lines += [head, "| --- | --- |" + " ---: |" * (len(labels) + 1 + len(ext))]
+    for w in names:
+        for path, title, higher in GOODPUT_ROWS:
+            vals = [_get(s, ("workloads", w, *path)) for _, s in summaries]
+            if all(v is None for v in vals):
+                continue
+            known = [i for i in stock if isinstance(vals[i], (int, float))]
+            best = (max if higher else min)(known, key=lambda i: vals[i]) if known else None
+            row = f"| {w} | {title} |" + "".join(f" {fmt(v)} |" for v in vals)
+            row += f" {labels[best]} |" if best is not None else " - |"
+            for i in ext:
+                row += (
+                    f" {_ratio(vals[i], vals[best]) if higher else _ratio(vals[best], vals[i])} |"
+                    if best is not None
+                    else " - |"
+                )
+            lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+Panel = tuple[str, str, list[tuple[str, list[float]]]]  # title, x label, (variant, sorted values)
+
+
+def plot_panels(panels: Sequence[Panel], png: Path) -> bool:
+    """One CDF per panel, a step line per variant, into `png`; False without matplotlib or panels."""
     try:
         import matplotlib
 
@@ -262,46 +346,60 @@ def plot_cdf(summaries: list[tuple[str, dict[str, Any]]], png: Path) -> bool:
     except ImportError:
         print("matplotlib is not importable: no CDF plot", file=sys.stderr)
         return False
-
-    def ttfts(s: dict[str, Any], name: str) -> list[float]:
-        """A workload's sorted TTFTs; `mixed/short`: its short requests' alone."""
-        workload, _, group = name.partition("/")
-        if group:
-            values = _get(s, ("workloads", workload, "groups", group, "ttft_values")) or []
-            return sorted(v for v in values if v is not None)
-        return _get(s, ("workloads", workload, "ttfts")) or []
-
-    names: list[str] = []
-    for _, s in summaries:
-        names += [w for w, ws in (s.get("workloads") or {}).items() if ws.get("ttfts") and w not in names]
-        if ttfts(s, "mixed/short") and "mixed/short" not in names:
-            names.append("mixed/short")
-    if not names:
+    if not panels:
         return False
-    cols = min(3, len(names))
-    rows = math.ceil(len(names) / cols)
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
-    for ax, w in zip(axes.flat, names, strict=False):
-        for lab, s in summaries:
-            xs = ttfts(s, w)
-            if xs:
-                ys = [(i + 1) / len(xs) for i in range(len(xs))]
-                ax.step(xs, ys, where="post", label=f"{lab} (n={len(xs)})")
-        vals = [x for _, s in summaries for x in ttfts(s, w) if x > 0]
+    for ax, (title, xlabel, lines) in zip(axes.flat, panels, strict=False):
+        for lab, xs in lines:
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            ax.step(xs, ys, where="post", label=f"{lab} (n={len(xs)})")
+        vals = [x for _, xs in lines for x in xs if x > 0]
         if vals and max(vals) / min(vals) > 20:  # log only where it spans decades
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(w)
-        ax.set_xlabel("TTFT (s)")
-        ax.set_ylabel("fraction of requests")
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("fraction")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(names) :]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return True
+
+
+def _panels(summaries: list[tuple[str, dict[str, Any]]], key: str, title: str, xlabel: str) -> list[Panel]:
+    """A panel per workload of the sorted values under `key` (a workload's field, or `group/field`)."""
+
+    def values(s: dict[str, Any], w: str) -> list[float]:
+        group, _, field = key.rpartition("/")
+        path = ("workloads", w, "groups", group, field) if group else ("workloads", w, field)
+        return sorted(v for v in _get(s, path) or [] if v is not None)
+
+    names: list[str] = []
+    for _, s in summaries:
+        names += [w for w in s.get("workloads") or {} if values(s, w) and w not in names]
+    return [
+        (title.format(w), xlabel, [(lab, xs) for lab, s in summaries if (xs := values(s, w))]) for w in names
+    ]
+
+
+def plot_cdf(summaries: list[tuple[str, dict[str, Any]]], png: Path) -> bool:
+    """TTFT CDFs: every workload, and the mixed workload's short requests alone."""
+    panels = _panels(summaries, "ttfts", "{}", "TTFT (s)")
+    panels += _panels(summaries, "short/ttft_values", "{}/short", "TTFT (s)")
+    return plot_panels(panels, png)
+
+
+def plot_goodput_cdf(summaries: list[tuple[str, dict[str, Any]]], png: Path) -> bool:
+    """Per workload: the CDF of short requests' TTFT and of every time between tokens."""
+    panels = _panels(summaries, "ttfts_short", "{}: short requests", "TTFT (s)")
+    panels += _panels(summaries, "tbts", "{}: time between tokens", "TBT (s)")
+    return plot_panels(panels, png)
 
 
 def report(a: argparse.Namespace) -> int:
@@ -316,10 +414,12 @@ def report(a: argparse.Namespace) -> int:
     if not summaries:
         return 2
     reference = load_summary(Path(a.reference)) if a.reference else None
-    md = render_report(summaries, reference)
+    md = render_report(summaries, reference) + "\n" + render_goodput(summaries)
     print(md)
     if a.out_md:
         Path(a.out_md).write_text(md)
     if a.out_png:
         plot_cdf(summaries, Path(a.out_png))
+    if a.out_goodput_png:
+        plot_goodput_cdf(summaries, Path(a.out_goodput_png))
     return 0

@@ -6,7 +6,12 @@ Sub-commands:
   run      send one or more workloads to a server; append one JSON line per request to
            OUT_DIR/requests.jsonl and merge per-workload statistics into OUT_DIR/summary.json
   report   read one or more summaries (e.g. stock and ext) and write a markdown table with
-           stock/ext ratios, plus a TTFT CDF PNG when matplotlib is importable
+           stock/ext ratios and a goodput table of every variant, plus CDF PNGs (TTFT; short
+           requests' TTFT and time between tokens) when matplotlib is importable
+
+Every request's streamed tokens are timed: TTFT, the gaps between tokens (TBT) and goodput, the
+requests per second meeting both a TTFT and a TBT target (`bench/lib/goodput.py`; the targets are
+the `goodput targets` flags).
   list     print the workloads and what they send
 
 No tokenizer is needed: prompts are seeded random token ids in [--token-low, --token-high),
@@ -26,6 +31,7 @@ import time
 from pathlib import Path
 
 from bench.lib.client import Client, flush_cache, server_info, wait_healthy
+from bench.lib.goodput import Targets
 from bench.serving.report import fmt, load_summary, report, summarize_workload
 from bench.serving.workloads import (
     DEFAULT_WORKLOADS,
@@ -36,6 +42,7 @@ from bench.serving.workloads import (
     pressure_names,
     workload_kind,
 )
+from sglang_prefill_ext.runner.short_first import PassCost
 
 LLAMA3_FIRST_SPECIAL = 128000
 
@@ -61,6 +68,8 @@ async def run_workloads(a: argparse.Namespace) -> int:
             return 2
     names = [n for w in names for n in (pressure_names(a.pressure_ratio) if w == "pressure" else [w])]
     tokens = TokenSource(a.seed, a.token_low, a.token_high)
+    targets = targets_of(a)
+    summary["targets"] = targets.as_dict()
     rc = 0
     async with Client(url, a.label, jsonl, progress=not a.no_progress) as client:
         if a.warmup:
@@ -88,7 +97,7 @@ async def run_workloads(a: argparse.Namespace) -> int:
                 extra = {"failed": f"{type(e).__name__}: {e}"}
                 rc = 1
             wall = time.perf_counter() - t0
-            ws = summarize_workload(client.records, wall, extra)
+            ws = summarize_workload(client.records, wall, extra, targets)
             summary["workloads"][w] = ws
             summary["servers"][w] = info
             with open(summary_path, "w") as f:
@@ -97,13 +106,25 @@ async def run_workloads(a: argparse.Namespace) -> int:
             print(
                 f"[{a.label}] {w}: n={ws['n']} err={ws['errors']} wall={wall:.1f}s "
                 f"ttft p50={fmt(t['p50'])} p99={fmt(t['p99'])} hit={fmt(ws['hit_rate'], 3)} "
-                f"prefill={fmt(ws['prefill_tok_s'], 0)} tok/s",
+                f"prefill={fmt(ws['prefill_tok_s'], 0)} tok/s tbt p99={fmt(ws['tbt_s']['p99'])} "
+                f"goodput={fmt(ws['goodput_req_s'], 2)} req/s ({fmt(ws['slo_attainment'], 2)} met)",
                 flush=True,
             )
             if ws["errors"]:
                 print(f"  errors: {ws['error_samples']}", flush=True)
                 rc = 1
     return rc
+
+
+def targets_of(a: argparse.Namespace) -> Targets:
+    return Targets(
+        short_max_tokens=a.short_max_tokens,
+        short_ttft_s=a.short_ttft_s,
+        long_factor=a.long_ttft_factor,
+        tbt_p99_s=a.tbt_p99_s,
+        alone_cost=PassCost.parse(a.alone_cost),
+        alone_chunk=a.alone_chunk,
+    )
 
 
 def _ints(s: str) -> list[int]:
@@ -185,12 +206,38 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pressure-max-sessions", type=int, default=16)
     g.add_argument("--pressure-concurrency", type=int, default=2)
 
+    t = r.add_argument_group("goodput targets (defaults: issue 27's)")
+    t.add_argument(
+        "--short-max-tokens", type=int, default=Targets.short_max_tokens, help="short: uncached tokens"
+    )
+    t.add_argument(
+        "--short-ttft-s", type=float, default=Targets.short_ttft_s, help="a short request's TTFT target"
+    )
+    t.add_argument(
+        "--long-ttft-factor",
+        type=float,
+        default=Targets.long_factor,
+        help="a long request's TTFT target: this x the same prompt alone on stock",
+    )
+    t.add_argument(
+        "--tbt-p99-s", type=float, default=Targets.tbt_p99_s, help="every request's TBT p99 target"
+    )
+    t.add_argument(
+        "--alone-cost",
+        default=str(Targets.alone_cost),
+        help="alone on stock: FIXED_MS,TOKEN_US,PAIR_PS of stock's passes (bench/lib/goodput.py)",
+    )
+    t.add_argument(
+        "--alone-chunk", type=int, default=Targets.alone_chunk, help="stock's chunked prefill size"
+    )
+
     for verb in ("report", "compare"):
         rp = sub.add_parser(verb, help="markdown table + CDF PNG; two summaries give ratios")
         rp.add_argument("summaries", nargs="+", help="[LABEL=]summary.json; give stock first, then ext")
         rp.add_argument("--reference", help="JSON of recorded baseline rows to show alongside")
         rp.add_argument("--out-md")
-        rp.add_argument("--out-png")
+        rp.add_argument("--out-png", help="TTFT CDFs")
+        rp.add_argument("--out-goodput-png", help="CDFs of short requests' TTFT and of time between tokens")
 
     sub.add_parser("list", help="describe the workloads")
     return p

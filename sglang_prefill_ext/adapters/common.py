@@ -87,11 +87,16 @@ def _flags(names: Iterable[str]) -> str:
 
 
 def validate_server_args(
-    server_args: Any, conflicts: Mapping[str, str], ported: frozenset[str] | None, version: str
+    server_args: Any,
+    conflicts: Mapping[str, str],
+    ported: frozenset[str] | None,
+    version: str,
+    unported_why: Mapping[str, str] | None = None,
 ) -> None:
     """Refuse, before any model loads, a configuration the extension cannot serve correctly.
 
-    `ported` names the options this SGLang version's hooks serve (None: all of them).
+    `ported` names the options this SGLang version's hooks serve (None: all of them); `unported_why`
+    says, for some of the others, why not (the refusal's line ends with it).
     """
     given = _given_options(server_args)
     if not extension_enabled(server_args):
@@ -101,7 +106,10 @@ def validate_server_args(
     prefill_ext_config(server_args)  # refuses malformed values
     unported = sorted(set(given) - ported) if ported is not None else []
     if unported:
-        raise config.OptionError(f"{_flags(unported)}: not available on SGLang {version} yet")
+        why = "; ".join(text for name, text in (unported_why or {}).items() if name in unported)
+        raise config.OptionError(
+            f"{_flags(unported)}: not available on SGLang {version} yet" + (f" ({why})" if why else "")
+        )
     found = [text for name, text in conflicts.items() if getattr(server_args, name, None)]
     if found:
         raise config.OptionError(f"{config.ENABLE_FLAG} cannot be combined with: {'; '.join(found)}")

@@ -24,6 +24,7 @@ from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.tokens import as_token_array
 from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
 from sglang_prefill_ext.runner.chunking import aligned_chunk_end, decode_adaptive_budget, divergence_points
+from sglang_prefill_ext.runner.goodput import Goodput
 from sglang_prefill_ext.runner.metrics import CounterDeltas
 from sglang_prefill_ext.runner.request_log import JsonlLog, PassRecord, RequestRecord
 from sglang_prefill_ext.runner.short_first import Need, PassPlan, ShortFirst
@@ -47,6 +48,28 @@ class RequestTally:
     queue_passes: int
     deduped_tokens: int = 0
     budgeted_chunks: int = 0
+
+
+def pass_budget(config: PrefillExtConfig, page_size: int) -> ShortFirst:
+    """The per-pass budget: goodput scheduling (`--prefill-ext-tbt-target-ms`), else short requests
+    first (`--prefill-ext-pass-budget-ms`; off at 0)."""
+    if config.tbt_target_ms > 0:
+        return Goodput(
+            config.tbt_target_ms,
+            config.short_ttft_target_ms,
+            config.short_max_tokens,
+            config.min_long_chunk,
+            page_size,
+            config.pass_cost,
+        )
+    return ShortFirst(
+        config.pass_budget_ms,
+        config.short_max_tokens,
+        config.short_window_s,
+        config.min_long_chunk,
+        page_size,
+        config.pass_cost,
+    )
 
 
 class PrefillExtScheduler:
@@ -77,14 +100,7 @@ class PrefillExtScheduler:
             max_wait_passes=config.max_wait_passes,
             protect_waiting=config.protect_waiting,
         )
-        self.short_first = ShortFirst(
-            config.pass_budget_ms,
-            config.short_max_tokens,
-            config.short_window_s,
-            config.min_long_chunk,
-            page_size,
-            config.pass_cost,
-        )
+        self.pass_budget = pass_budget(config, page_size)
         self.clock = time.monotonic  # the CPU replay substitutes its simulated clock
         self.mixed_chunk = mixed_chunk  # running requests' decode tokens ride each prefill pass
         self.log = JsonlLog(config.log) if config.log else None
@@ -140,9 +156,9 @@ class PrefillExtScheduler:
                 sign = self.policy.priority_sign
                 waiting_queue.sort(key=lambda r: r.priority * sign)
         self.runner.protect(waiting_queue, self._stamp, self._match, self._touch)
-        if self.short_first.enabled:
+        if self.pass_budget.enabled:
             self.runner.refresh(waiting_queue, self._stamp, self._match)
-            self._shorts = self.short_first.select(waiting_queue, self._need, self.clock())
+            self._shorts = self.pass_budget.select(waiting_queue, self._need, self.clock())
 
     def _need(self, req: Req) -> Need:
         """A waiting request's uncached tokens over its cached prefix, by its last match."""
@@ -165,7 +181,7 @@ class PrefillExtScheduler:
             config.decode_budget_min_tokens,
             self.page_size,
         )
-        if not self.short_first.enabled:
+        if not self.pass_budget.enabled:
             self._plan = PassPlan(base)
             return base
         if chunked_req is not None:
@@ -177,7 +193,7 @@ class PrefillExtScheduler:
         # Under --enable-mixed-chunk the running requests' decode tokens ride the pass: PrefillAdder
         # takes them off the chunk budget, and they take their share of the pass time.
         riding = decoding if self.mixed_chunk else 0
-        self._plan = self.short_first.plan(
+        self._plan = self.pass_budget.plan(
             base, self.clock(), self._shorts, long, chunked_req is not None, riding
         )
         return self._plan.chunk + riding
@@ -234,14 +250,14 @@ class PrefillExtScheduler:
                     "dedup_tokens": runner.dedup_tokens,
                     "deferrals": runner.deferrals,
                     "dedup_timeouts": runner.dedup_timeouts,
-                    **dataclasses.asdict(self.short_first.counters),
+                    **dataclasses.asdict(self.pass_budget.counters),
                 }
             )
         if self.pass_log is not None:
             self._log_pass(adder)
 
     def _log_pass(self, adder: Adder) -> None:
-        cost, reqs, predicted = self.short_first.cost, [], 0.0
+        cost, reqs, predicted = self.pass_budget.cost, [], 0.0
         for req in adder.can_run_list:
             start, end = len(req.prefix_indices), self._extend_end(req)
             reqs.append([end - start, start, int(end < len(req.full_untruncated_fill_ids))])
@@ -344,6 +360,9 @@ def build_scheduler(cls: type[S], scheduler: Any, owns_request_log: Callable[[An
         return None
     if not owns_request_log(scheduler):
         config = dataclasses.replace(config, log=None)
+    if config.tbt_target_ms > 0 and scheduler.chunked_prefill_size is not None:
+        # Goodput scheduling: decodes ride every prefill pass (as under --enable-mixed-chunk).
+        scheduler.is_mixed_chunk = True
     glue = cls(
         scheduler.policy,
         scheduler.tree_cache,

@@ -67,6 +67,7 @@ PORTED = adapters.current("hooks").PORTED_OPTIONS
         ("dedup", "false"),
         ("schedule", "stock"),
         ("log", "x.jsonl"),
+        ("tbt_target_ms", "100"),
     ],
 )
 def test_options_not_ported_to_this_version_refused(

@@ -1,0 +1,90 @@
+"""Goodput scheduling: every pass planned against a time-between-tokens (TBT) target and the waiting
+requests' TTFT deadlines (DistServe's goodput, Sarathi-Serve's token budget with decodes riding).
+
+Decodes ride every prefill pass (SGLang's mixed chunk, which the adapter turns on), so a decoding
+request gets one token per pass: the pass time is its TBT. While a request decodes or a short one
+waits, each pass is therefore held to a predicted forward time (`PassCost`) of `HEADROOM` x the TBT
+target, the riding decode tokens counted; with SGLang's overlap scheduler that also bounds a newly
+arriving short request's wait to about two and a half passes (it joins the pass after next). The
+waiting short requests go first by deadline slack (target - waited - their own predicted prefill,
+the least first); the chunked long prompt takes
+what the budget leaves (never below `min_long_chunk`). With nobody decoding and no short request
+waiting every pass is SGLang's full chunk, so a lone prompt runs as on stock.
+
+SGLang chunks one request at a time: a waiting request that would not fit whole beside the
+continuing chunked one waits (the adapter's `defer`), as under the short-first budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, MutableSequence
+
+from sglang_prefill_ext.runner.short_first import Need, PassCost, PassPlan, ShortFirst
+
+# The pass budget as a fraction of the TBT target: on the H200 pass log of the short-first run the
+# measured / predicted pass time had p90 1.26 (bench/results/2026-12-01-h200-short-first.md), so a
+# pass predicted at 0.75 x the target stays within it for most passes.
+HEADROOM = 0.75
+
+
+class Goodput(ShortFirst):
+    """`ShortFirst`'s pass plan, budgeted by the TBT target whenever someone needs it."""
+
+    def __init__(
+        self,
+        tbt_target_ms: float,
+        short_ttft_target_ms: float,
+        short_max_tokens: int,
+        min_long_chunk: int,
+        page_size: int,
+        cost: PassCost | None = None,
+    ) -> None:
+        super().__init__(HEADROOM * tbt_target_ms, short_max_tokens, -1.0, min_long_chunk, page_size, cost)
+        self.short_ttft_target_ms = short_ttft_target_ms
+        self._seen: dict[Hashable, float] = {}
+
+    def select(
+        self, waiting: MutableSequence[Hashable], need: Callable[[Hashable], Need], now: float
+    ) -> list[Need]:
+        """Order the waiting short requests by deadline slack, the least first (slack only shrinks while
+        a request waits, so none starves), then move as many as fit one pass of the budget (the first
+        always) to the front of `waiting`; returns their needs."""
+        if not self.enabled:
+            return []
+        self._seen = {item: self._seen.get(item, now) for item in waiting}
+        needs = {id(item): need(item) for item in waiting}
+        shorts = [item for item in waiting if self.is_short(needs[id(item)])]
+        shorts.sort(key=lambda item: self.slack_ms(self._seen[item], needs[id(item)], now))
+        left = self.budget_ms - self.cost.fixed_ms
+        chosen: list[Hashable] = []
+        for item in shorts:
+            ms = self.cost.variable_ms(needs[id(item)].tokens, needs[id(item)].context)
+            if chosen and ms > left:
+                break
+            left -= ms
+            chosen.append(item)
+        ids = {id(item) for item in chosen}
+        waiting[:] = chosen + [item for item in waiting if id(item) not in ids]
+        return [needs[id(item)] for item in chosen]
+
+    def slack_ms(self, seen: float, need: Need, now: float) -> float:
+        """What is left of a short request's TTFT target after its wait and its own predicted pass."""
+        own = self.cost.fixed_ms + self.cost.variable_ms(need.tokens, need.context)
+        return self.short_ttft_target_ms - 1e3 * (now - seen) - own
+
+    def active(self, now: float) -> bool:
+        return self.enabled
+
+    def plan(
+        self,
+        base: int,
+        now: float,
+        shorts: list[Need],
+        long: Need | None,
+        continuing: bool,
+        riding: int = 0,
+    ) -> PassPlan:
+        """SGLang's chunk with nobody decoding (`riding`) and no short request admitted; else the budget."""
+        if not riding and not shorts:
+            return PassPlan(base)
+        return super().plan(base, now, shorts, long, continuing, riding)

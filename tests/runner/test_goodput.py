@@ -1,0 +1,122 @@
+"""Goodput scheduling: the per-pass decisions, and the policy on SGLang's real scheduler (CPU pools,
+simulated clock from bench.replay.mixed_replay), KV accounting checked every pass."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import pytest
+
+from sglang_prefill_ext.config import OptionError, PrefillExtConfig
+from sglang_prefill_ext.runner.goodput import HEADROOM, Goodput
+from sglang_prefill_ext.runner.short_first import Need, PassCost
+from tests.runner.conftest import ported
+
+COST = PassCost()
+
+
+def policy(tbt_target_ms: float = 100.0) -> Goodput:
+    return Goodput(tbt_target_ms, 250.0, 4096, 512, page_size=1, cost=COST)
+
+
+def test_waiting_shorts_go_by_deadline_slack() -> None:
+    goodput = policy()
+    needs = {"long": Need(32768, 0), "old": Need(2000, 0), "new": Need(500, 0)}
+    goodput.select(["long", "old"], needs.__getitem__, now=0.0)  # `old` first seen at 0 s
+    waiting = ["long", "new", "old"]
+    chosen = goodput.select(waiting, needs.__getitem__, now=0.2)
+    # `old` has 250 - 200 - 54 ms left, `new` (just seen) 250 - 16: `old` first; both fit one pass
+    assert waiting == ["old", "new", "long"]
+    assert chosen == [needs["old"], needs["new"]]
+
+
+def test_a_lone_prompt_gets_full_chunks_and_riding_decodes_a_budgeted_pass() -> None:
+    goodput = policy()
+    long = Need(30000, 2000)
+    assert goodput.plan(8192, 0.0, [], long, continuing=True).chunk == 8192
+    plan = goodput.plan(8192, 0.0, [], long, continuing=True, riding=8)
+    assert plan.budgeted and plan.long_cap == plan.chunk < 8192
+    predicted = COST.fixed_ms + COST.variable_ms(8, 0) + COST.variable_ms(plan.long_cap, long.context)
+    assert predicted <= HEADROOM * 100.0 < predicted + COST.variable_ms(1, long.context + plan.long_cap) * 64
+
+
+def test_config_refuses_two_pass_budgets() -> None:
+    with pytest.raises(OptionError, match="two pass budgets"):
+        PrefillExtConfig.from_options({"tbt_target_ms": "100", "pass_budget_ms": "50"})
+
+
+# ----- on SGLang's real scheduler -----
+
+
+@pytest.fixture(scope="module")
+def mixed(replay: ModuleType) -> ModuleType:
+    return importlib.import_module("bench.replay.mixed_replay")
+
+
+GOODPUT = ("--prefill-ext-tbt-target-ms", "100")
+
+
+def arrivals(mixed: ModuleType) -> list:
+    """Two 16K prompts 0.5 s apart among ten short ones, every request generating 16 tokens."""
+    return mixed.mixed(
+        long_n=2, long_tokens=16384, long_every_ms=500, short_n=10, short_rate=10.0, seed=3, output=16
+    )
+
+
+def skipped_decodes(result: object) -> dict[str, int]:
+    """Per request, the forwards it sat out between its first and its last token."""
+    return {
+        rid: passes[-1] - passes[0] + 1 - len(passes)
+        for rid, passes in result.token_passes.items()  # type: ignore[attr-defined]
+    }
+
+
+@ported("tbt_target_ms")
+def test_no_pass_plan_skips_a_decode_and_kv_stays_exact(replay: ModuleType, mixed: ModuleType) -> None:
+    """Without overlap (the replay joins a decode one pass late under overlap, SGLang does not): every
+    decoding request gets a token in every forward until it finishes. Stock without mixed chunk runs
+    no decode while a long prompt is chunked."""
+    trace = arrivals(mixed)
+    common = {"chunked_prefill_size": 4096, "pool_tokens": 1 << 17}
+    stock = mixed.run_timed(trace, replay.ReplayConfig(ext=False, **common), COST, check_kv=True)
+    result = mixed.run_timed(
+        trace, replay.ReplayConfig(ext=True, extra_args=GOODPUT, **common), COST, check_kv=True
+    )
+    assert stock.kv_errors == [] and result.kv_errors == []
+    assert set(result.e2e_ms) == {a.req.rid for a in trace}
+    assert all(len(passes) == 16 for passes in result.token_passes.values())
+    assert set(skipped_decodes(result).values()) == {0}
+    assert max(skipped_decodes(stock).values()) > 0
+
+
+@ported("tbt_target_ms")
+@pytest.mark.parametrize("overlap", [False, True])
+def test_decodes_keep_their_tbt_and_shorts_their_ttft(
+    replay: ModuleType, mixed: ModuleType, overlap: bool
+) -> None:
+    trace = arrivals(mixed)
+    common = {"chunked_prefill_size": 8192, "pool_tokens": 1 << 17, "overlap": overlap}
+    stock = mixed.run_timed(
+        trace, replay.ReplayConfig(ext=False, extra_args=("--enable-mixed-chunk",), **common), COST
+    )
+    result = mixed.run_timed(
+        trace, replay.ReplayConfig(ext=True, extra_args=GOODPUT, **common), COST, check_kv=True
+    )
+    assert result.kv_errors == []
+    if not overlap:  # the plan's pass is the pass the replay times (overlap: see mixed_replay's docstring)
+        assert max(result.gaps()) <= HEADROOM * 100.0 + COST.fixed_ms
+    assert max(result.gaps()) < max(stock.gaps())
+    assert max(result.group_ttfts("short")) < max(stock.group_ttfts("short"))
+
+
+@ported("tbt_target_ms")
+def test_a_lone_prompt_is_chunked_as_on_stock(replay: ModuleType, mixed: ModuleType) -> None:
+    trace = mixed.mixed(long_n=1, long_tokens=20000, short_n=0, output=4)
+    common = {"chunked_prefill_size": 8192, "pool_tokens": 1 << 17, "overlap": True}
+    stock = mixed.run_timed(
+        trace, replay.ReplayConfig(ext=False, extra_args=("--enable-mixed-chunk",), **common), COST
+    )
+    result = mixed.run_timed(trace, replay.ReplayConfig(ext=True, extra_args=GOODPUT, **common), COST)
+    assert result.chunks == stock.chunks == {"long0": 3}
+    assert result.ttft_ms == stock.ttft_ms
