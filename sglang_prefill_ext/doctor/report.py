@@ -70,7 +70,7 @@ def _divergence(verdicts: list[Verdict], block: int) -> dict[str, Any]:
     sharing = [
         v
         for v in verdicts
-        if v.hit_end + v.recoverable >= SHARES_MOST * v.input_len and v.hit_end + block <= v.input_len
+        if v.hit_end + v.recoverable >= SHARES_MOST * v.input_len and v.hit_end < v.input_len
     ]
     at = collections.Counter(v.hit_end // block * block for v in sharing)
     example = {v.hit_end // block * block: v for v in reversed(sharing)}
