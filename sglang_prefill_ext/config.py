@@ -139,7 +139,7 @@ class PrefillExtConfig:
     )
     log_fingerprints: bool = _option(
         False,
-        "Add the prompt's fingerprint to each --prefill-ext-log line, for `sglang-prefill-ext doctor`: "
+        "Add the prompt's fingerprint to each --prefill-ext-log line, for sglang-prefill-ext doctor: "
         "start_ms (its first forward, on the scheduler's clock), fp_block (the block size), fp (a 64-bit "
         "keyed hash of each full block of --prefill-ext-fingerprint-block tokens), fp_anchors and "
         "fp_anchored (offsets and hashes of half-size blocks at content-defined anchors, which match "
