@@ -1,4 +1,5 @@
-"""`sglang-prefill-ext {apply,revert,check,status}`: manage the patches on an installed SGLang.
+"""`sglang-prefill-ext {apply,revert,check,status}`: manage the patches on an installed SGLang;
+`sglang-prefill-ext doctor LOG ...`: why prompts miss the prefix cache (`doctor/command.py`).
 
 By default the SGLang this Python imports, at its installed version. `revert --force-stock` puts
 back every file of SGLang that is not as its RECORD says (patched, changed by hand, missing) from
@@ -46,10 +47,15 @@ def _run(verb: str, patches: PatchSet) -> tuple[int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["doctor"]:
+        from sglang_prefill_ext.doctor import command
+
+        return command.main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="sglang-prefill-ext", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("verb", choices=["apply", "revert", "check", "status"])
+    parser.add_argument("verb", choices=["apply", "revert", "check", "status", "doctor"])
     parser.add_argument(
         "--sglang-version",
         default=None,

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sglang_prefill_ext.doctor.fingerprint import MIN_BLOCK
 from sglang_prefill_ext.ops.settings import SparseSettings
 from sglang_prefill_ext.radix.eviction import POLICIES
 from sglang_prefill_ext.runner.short_first import PassCost
@@ -46,6 +47,12 @@ class OptionError(ValueError):
 def _non_negative(value: float) -> float:
     if value < 0:
         raise ValueError("must be >= 0")
+    return value
+
+
+def _fingerprint_block(value: int) -> int:
+    if value < MIN_BLOCK:
+        raise ValueError(f"must be >= {MIN_BLOCK}")
     return value
 
 
@@ -129,6 +136,25 @@ class PrefillExtConfig:
         "Append one JSON line per finished or aborted request to this file: rid, input_len, cached_tokens, "
         "deduped_tokens, chunks, queue_passes (scheduling passes it waited), budgeted_chunks (its chunks a "
         "pass budget shortened), queue_ms, prefill_ms, ttft_ms, output_tokens, error. Empty: off.",
+    )
+    log_fingerprints: bool = _option(
+        False,
+        "Add the prompt's fingerprint to each --prefill-ext-log line, for sglang-prefill-ext doctor: "
+        "start_ms (its first forward, on the scheduler's clock), fp_block (the block size), fp (a 64-bit "
+        "keyed hash of each full block of --prefill-ext-fingerprint-block tokens), fp_anchors and "
+        "fp_anchored (offsets and hashes of half-size blocks at content-defined anchors, which match "
+        "wherever the same tokens recur). Hashes only, no token ids.",
+    )
+    fingerprint_block: int = _option(
+        256,
+        f"Tokens per fingerprinted block (at least {MIN_BLOCK}); the default is page-aligned for every "
+        "power-of-two page size up to 256.",
+        check=_fingerprint_block,
+    )
+    fingerprint_salt: str = _option(
+        "",
+        "The key of the fingerprint hashes (BLAKE2b): logs are comparable only under one salt, and a secret "
+        "salt keeps a known text's hashes from being matched against a log. Empty: unkeyed.",
     )
     pass_log: str = _option(
         "",
@@ -246,6 +272,8 @@ class PrefillExtConfig:
             raise OptionError(
                 "--prefill-ext-tbt-target-ms and --prefill-ext-pass-budget-ms are two pass budgets: give one"
             )
+        if config.log_fingerprints and not config.log:
+            raise OptionError(f"{option_name('log_fingerprints')} needs {option_name('log')}")
         return config
 
 

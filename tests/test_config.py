@@ -144,6 +144,7 @@ def test_choices_and_formats_refused(flag: str, text: str, error: str) -> None:
         ("--prefill-ext-sparse-min-len", "-5", "=-5: must be >= 0"),
         ("--prefill-ext-sparse-max-density", "1.5", "=1.5: must lie in [0, 1]"),
         ("--prefill-ext-pass-budget-ms", "-25", "=-25.0: must be >= 0"),
+        ("--prefill-ext-fingerprint-block", "16", "=16: must be >= 32"),
     ],
 )
 def test_values_out_of_range_refused(flag: str, text: str, error: str) -> None:
@@ -157,6 +158,13 @@ def test_values_in_range_accepted() -> None:
     config = PrefillExtConfig.from_options(getattr(parse(*argv), OPTIONS_DEST))
     assert (config.short_window_s, config.sparse_settings.threshold) == (-1.0, 0.0)
     assert (config.sparse_max_density, config.decode_adaptive_budget) == (1.0, 0)
+
+
+def test_fingerprints_need_the_request_log() -> None:
+    with pytest.raises(OptionError, match="^--prefill-ext-log-fingerprints needs --prefill-ext-log$"):
+        PrefillExtConfig.from_options({"log_fingerprints": True})
+    config = PrefillExtConfig.from_options({"log_fingerprints": True, "log": "requests.jsonl"})
+    assert (config.fingerprint_block, config.fingerprint_salt) == (256, "")
 
 
 def test_unknown_or_invalid_options_refused() -> None:

@@ -34,6 +34,11 @@ def imported_modules(folder: Path) -> dict[str, set[str]]:
         ("radix", ("sglang_prefill_ext.radix",), {"sglang", "torch"}),
         ("runner", ("sglang_prefill_ext.runner", "sglang_prefill_ext.radix"), {"sglang", "torch"}),
         ("ops", ("sglang_prefill_ext.ops",), {"sglang"}),
+        (
+            "doctor",
+            ("sglang_prefill_ext.doctor", "sglang_prefill_ext.runner", "sglang_prefill_ext.radix"),
+            {"sglang", "torch"},
+        ),
     ],
 )
 def test_layer_imports_nothing_above_it(layer: str, allowed: tuple[str, ...], foreign: set[str]) -> None:

@@ -7,7 +7,9 @@
 # /health, run bench.serving.ttft_bench, kill the server's process tree. Then write a report with
 # stock/ext ratios, a goodput table of every variant and the CDFs. Everything lands under $OUT:
 #   env.txt  summary-<variant>.json  report.md  ttft-cdf.png  goodput-cdf.png  ab-results.tar.gz
-# (the tarball holds every per-request JSONL, the summaries, server logs and patch-CLI output).
+# (the tarball holds every per-request JSONL, the summaries, server logs and patch-CLI output),
+# plus doctor-<variant>-<phase>.txt for a request log written with --prefill-ext-log-fingerprints
+# (its --json report in the tarball).
 #
 # On the offline H200 host it first unpacks .whl/sglang-site-cp312.tar.xz to $SITE and the kernel
 # cache .gpu/jit-cache-sglang-0.5.17-sm90.tar.gz to $JIT (shared/gpu/README.md's recipe). On a host
@@ -180,6 +182,13 @@ if [ ${#sums[@]} -gt 0 ]; then
     --out-md "$OUT/report.md" --out-png "$OUT/ttft-cdf.png" \
     --out-goodput-png "$OUT/goodput-cdf.png" || log "report failed"
 fi
+# the cache doctor on each request log written with --prefill-ext-log-fingerprints (in EXT_ARGS*)
+for f in "$WORK"/*/requests-*.jsonl; do
+  [ -f "$f" ] && grep -q '"fp_block"' "$f" || continue
+  name=$(basename "$(dirname "$f")")-$(basename "$f" .jsonl | sed 's/^requests-//')
+  $PY -m sglang_prefill_ext.cli doctor "$f" >"$OUT/doctor-$name.txt" 2>&1 || log "doctor $name failed"
+  $PY -m sglang_prefill_ext.cli doctor "$f" --json >"$WORK/doctor-$name.json" 2>&1 || true
+done
 robust=()
 for v in $VARIANTS; do [ -f "$OUT/robustness-$v.json" ] && robust+=("$OUT/robustness-$v.json"); done
 if [ ${#robust[@]} -gt 0 ]; then

@@ -16,6 +16,7 @@ distinct token computed once), scheduling passes, decisions/s and CPU time per s
 
     python -m bench.replay.schedule_replay                 # all traces, markdown table on stdout
     python -m bench.replay.schedule_replay --trace burst-4k --overlap
+    python -m bench.replay.schedule_replay --doctor-logs out/doctor   # the cache doctor's traces
 
 Needs the venv's SGLang patched: `make apply SGLANG_VERSION=<its version>`. Flag off is stock's own
 tree cache (0.5.17: `RadixCache`; 0.5.23: `UnifiedRadixCache`).
@@ -167,6 +168,67 @@ def multi_turn_random(conversations: int, turns: int, first: int, user: int, see
     return reqs
 
 
+def one_at_a_time(prompts: list[list[int]], prefix: str) -> list[TraceReq]:
+    """Each prompt once the one before it finished."""
+    return [
+        TraceReq(f"{prefix}{i}", tuple(p), after=(f"{prefix}{i - 1}",) if i else ())
+        for i, p in enumerate(prompts)
+    ]
+
+
+def timestamp_front(
+    n: int, shared: int, question: int, seed: int = 9
+) -> tuple[list[TraceReq], list[TraceReq]]:
+    """(planted, fixed): 6-14 tokens that differ per request (a timestamp) in front of a shared
+    `shared`-token context and a question; fixed: the timestamp after the question."""
+    rng = random.Random(seed)
+    context = _tokens(rng, shared)
+    parts = [(_tokens(rng, rng.randint(6, 14)), _tokens(rng, question)) for _ in range(n)]
+    return (
+        one_at_a_time([stamp + context + q for stamp, q in parts], "ts"),
+        one_at_a_time([context + q + stamp for stamp, q in parts], "ts"),
+    )
+
+
+def shuffled_docs(
+    n: int, preamble: int, doc_lens: tuple[int, ...], question: int, seed: int = 10
+) -> tuple[list[TraceReq], list[TraceReq]]:
+    """(planted, fixed): a preamble, the same retrieved documents in a new order per request, a
+    question; fixed: the documents in one order."""
+    rng = random.Random(seed)
+    head = _tokens(rng, preamble)
+    docs = [_tokens(rng, length) for length in doc_lens]
+    orders, questions = [], []
+    for _ in range(n):
+        order = list(range(len(docs)))
+        rng.shuffle(order)
+        orders.append(order)
+        questions.append(_tokens(rng, question))
+    return (
+        one_at_a_time(
+            [head + sum((docs[d] for d in o), []) + q for o, q in zip(orders, questions, strict=True)], "rd"
+        ),
+        one_at_a_time([head + sum(docs, []) + q for q in questions], "rd"),
+    )
+
+
+def system_change(
+    n: int, system: int, line_at: int, line: int, user: int, seed: int = 11
+) -> tuple[list[TraceReq], list[TraceReq]]:
+    """(planted, fixed): a shared system prompt whose `line` tokens at `line_at` change once,
+    halfway through the trace, then a user message; fixed: that line after the rest of the
+    system prompt."""
+    rng = random.Random(seed)
+    before, after = _tokens(rng, line_at), _tokens(rng, system - line_at - line)
+    lines = (_tokens(rng, line), _tokens(rng, line))
+    users = [_tokens(rng, user) for _ in range(n)]
+    version = [lines[i >= n // 2] for i in range(n)]
+    return (
+        one_at_a_time([before + v + after + u for v, u in zip(version, users, strict=True)], "sp"),
+        one_at_a_time([before + after + v + u for v, u in zip(version, users, strict=True)], "sp"),
+    )
+
+
 TRACES: dict[str, Callable[[], list[TraceReq]]] = {
     "burst-4k": lambda: burst(16, 4096, 256),
     "burst-32k": lambda: burst(16, 32768, 512),
@@ -182,6 +244,35 @@ EVICTION_TRACES: dict[str, Callable[[], list[TraceReq]]] = {
     "multi-turn-random": lambda: multi_turn_random(12, 6, 2000, 1500),
     "shared-doc-random": lambda: shared_doc_random(8, 64, 6000, 100),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class DoctorTrace:
+    """A trace for the cache doctor: `planted` misses the cache by a prompt layout (or a small
+    pool), `fixed` is the same traffic without it (None: a clean trace); `pool` the planted run's KV pool."""
+
+    make: Callable[[], tuple[list[TraceReq], list[TraceReq] | None]]
+    pattern: str | None
+    pool: int = 1 << 20
+
+
+DOCTOR_TRACES: dict[str, DoctorTrace] = {
+    "timestamp-front": DoctorTrace(lambda: timestamp_front(16, 8000, 200), "dynamic"),
+    "shuffled-docs": DoctorTrace(
+        lambda: shuffled_docs(16, 300, (2900, 4100, 3300, 5000, 3700), 150), "reordered"
+    ),
+    "system-change": DoctorTrace(lambda: system_change(16, 12000, 3000, 40, 300), "changed_prefix"),
+    # the same trace with a pool too small for its documents, fixed: with a large one
+    "evicted-docs": DoctorTrace(
+        lambda: (trace := EVICTION_TRACES["shared-doc-random"](), trace), "evicted", pool=24576
+    ),
+    **{
+        name: DoctorTrace(lambda name=name: (TRACES[name](), None), None)
+        for name in ("shared-doc", "multi-turn", "burst-4k", "unique")
+    },
+}
+
+
 # The cyclic trace's working set over the pool, and the pool: the H200 pressure phase's
 # (`--mem-fraction-static 0.2`, 8B-shaped model).
 CYCLIC_RATIOS = (1.5, 2.0, 3.0)
@@ -610,6 +701,41 @@ def eviction_rows(
     return lines
 
 
+@dataclasses.dataclass(frozen=True)
+class DoctorRun:
+    """A doctor trace replayed with ext, its request log written with fingerprints: the planted
+    run's prefill tokens and, for a planted pattern, the fixed run's (their difference is what
+    the fix saves, the replay's own count)."""
+
+    trace: str
+    log: Path
+    prefill_tokens: int
+    fixed_prefill_tokens: int | None
+
+    @property
+    def saved_tokens(self) -> int | None:
+        return None if self.fixed_prefill_tokens is None else self.prefill_tokens - self.fixed_prefill_tokens
+
+
+def doctor_run(name: str, out_dir: Path, chunked_prefill_size: int = 8192) -> DoctorRun:
+    """Replay DOCTOR_TRACES[name] (and its fixed layout) through ext; the planted run's request log
+    with fingerprints goes to OUT_DIR/<name>.jsonl."""
+    spec = DOCTOR_TRACES[name]
+    planted, fixed = spec.make()
+    log = out_dir / f"{name}.jsonl"
+    log.unlink(missing_ok=True)
+    logging = ("--prefill-ext-log", str(log), "--prefill-ext-log-fingerprints")
+    config = ReplayConfig(
+        ext=True, pool_tokens=spec.pool, chunked_prefill_size=chunked_prefill_size, extra_args=logging
+    )
+    tokens = replay_trace(name, planted, config).prefill_tokens
+    fixed_tokens = None
+    if fixed is not None:
+        fixed_config = ReplayConfig(ext=True, chunked_prefill_size=chunked_prefill_size)
+        fixed_tokens = replay_trace(name, fixed, fixed_config).prefill_tokens
+    return DoctorRun(name, log, tokens, fixed_tokens)
+
+
 def markdown(results: list[ReplayResult]) -> str:
     lines = [
         "| trace | mode | prefill tokens | ideal | tokens / ideal | passes | decisions/s | CPU ms / step |",
@@ -660,7 +786,27 @@ def main(argv: list[str] | None = None) -> int:
         ],
         help="eviction table: only these traces (default: all)",
     )
+    parser.add_argument(
+        "--doctor-logs",
+        type=Path,
+        metavar="DIR",
+        help="instead of the scheduling tables: replay the cache doctor's traces (DOCTOR_TRACES) with ext, "
+        "each one's request log with fingerprints in DIR/<trace>.jsonl, and print what each fix saves",
+    )
     args = parser.parse_args(argv)
+    if args.doctor_logs:
+        args.doctor_logs.mkdir(parents=True, exist_ok=True)
+        print(
+            "| trace | planted | prefill tokens | fixed layout | saved by the fix | log |\n|---|---|---:|---:|---:|---|"
+        )
+        for name, spec in DOCTOR_TRACES.items():
+            run = doctor_run(name, args.doctor_logs, args.chunked_prefill_size)
+            fixed = "-" if run.fixed_prefill_tokens is None else f"{run.fixed_prefill_tokens:,}"
+            saved = "-" if run.saved_tokens is None else f"{run.saved_tokens:,}"
+            print(
+                f"| {name} | {spec.pattern or 'none'} | {run.prefill_tokens:,} | {fixed} | {saved} | {run.log} |"
+            )
+        return 0
     if args.eviction_pools:
         print(
             f"command: python -m bench.replay.schedule_replay {' '.join(argv if argv is not None else sys.argv[1:])}\n"

@@ -205,6 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pressure-sessions", type=int, default=0, help="0: from the pool size and the ratio")
     g.add_argument("--pressure-max-sessions", type=int, default=16)
     g.add_argument("--pressure-concurrency", type=int, default=2)
+    g.add_argument("--doctor-requests", type=int, default=16, help="timestamp, shuffled, sysprompt")
+    g.add_argument(
+        "--doctor-context-tokens", type=int, default=16384, help="timestamp's context, sysprompt's"
+    )
+    g.add_argument("--doctor-question-tokens", type=int, default=200)
+    g.add_argument("--doctor-preamble-tokens", type=int, default=300, help="shuffled")
+    g.add_argument(
+        "--doctor-doc-tokens", type=_ints, default=[2900, 4100, 3300, 5000, 3700], help="shuffled's documents"
+    )
 
     t = r.add_argument_group("goodput targets (defaults: issue 27's)")
     t.add_argument(

@@ -24,7 +24,20 @@ BASELINE_BURSTS = ((32768, 512), (4096, 256))
 DEFAULT_WORKLOADS = ("baseline", "burst", "rag", "agent", "unique", "mixed")
 # Rough seconds each workload takes on a stock H200 with the 8B-shaped dummy model (baseline: per
 # rep); used only to skip workloads that would run past --deadline.
-ESTIMATED_S = {"baseline": 15, "burst": 8, "rag": 15, "agent": 35, "unique": 30, "mixed": 12, "pressure": 45}
+ESTIMATED_S = {
+    "baseline": 15,
+    "burst": 8,
+    "rag": 15,
+    "agent": 35,
+    "unique": 30,
+    "mixed": 12,
+    "pressure": 45,
+    # the cache doctor's planted workloads at their defaults: the pass-cost model's prefill time plus
+    # 32 decode steps of ~9 ms per request, not measured yet
+    "timestamp": 12,
+    "shuffled": 15,
+    "sysprompt": 6,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,6 +291,64 @@ async def wl_mixed(ctx: Ctx, name: str) -> dict[str, Any]:
     return {}
 
 
+async def _one_at_a_time(ctx: Ctx, name: str, prompts: list[list[int]]) -> dict[str, Any]:
+    """Send `prompts` in order, each once the one before it answered."""
+    c, a = ctx.client, ctx.args
+    t0 = time.perf_counter()
+    with c.bar(len(prompts), name):
+        for i, ids in enumerate(prompts):
+            await c.generate(ids, workload=name, group=name, idx=i, t0=t0, max_new_tokens=a.max_new_tokens)
+    return {}
+
+
+async def wl_timestamp(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(7) cache doctor, planted: 6-14 tokens that differ per request (a timestamp) in front of a
+    shared context and a question; the cache hits none of it."""
+    tok, a, rng = ctx.tokens, ctx.args, ctx.tokens.rng(name)
+    context = tok.ids(a.doctor_context_tokens, name, "context")
+    prompts = [
+        tok.ids(rng.randint(6, 14), name, "stamp", i)
+        + context
+        + tok.ids(a.doctor_question_tokens, name, "q", i)
+        for i in range(a.doctor_requests)
+    ]
+    return await _one_at_a_time(ctx, name, prompts)
+
+
+async def wl_shuffled(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(8) cache doctor, planted: a preamble, the same retrieved documents in a new order for each
+    request, a question; the cache hits the preamble and what an earlier order had in front."""
+    tok, a, rng = ctx.tokens, ctx.args, ctx.tokens.rng(name)
+    preamble = tok.ids(a.doctor_preamble_tokens, name, "preamble")
+    docs = [tok.ids(n, name, "doc", d) for d, n in enumerate(a.doctor_doc_tokens)]
+    prompts = []
+    for i in range(a.doctor_requests):
+        order = list(range(len(docs)))
+        rng.shuffle(order)
+        prompts.append(
+            preamble + [t for d in order for t in docs[d]] + tok.ids(a.doctor_question_tokens, name, "q", i)
+        )
+    return await _one_at_a_time(ctx, name, prompts)
+
+
+async def wl_sysprompt(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(9) cache doctor, planted: a shared system prompt whose line of 40 tokens at a quarter of it
+    changes once, halfway through, then a question; the request after the change recomputes the
+    system prompt from that line on."""
+    tok, a = ctx.tokens, ctx.args
+    line_at = a.doctor_context_tokens // 4
+    before = tok.ids(line_at, name, "before")
+    after = tok.ids(a.doctor_context_tokens - line_at - 40, name, "after")
+    prompts = [
+        before
+        + tok.ids(40, name, "line", i >= a.doctor_requests // 2)
+        + after
+        + tok.ids(a.doctor_question_tokens, name, "q", i)
+        for i in range(a.doctor_requests)
+    ]
+    return await _one_at_a_time(ctx, name, prompts)
+
+
 def pressure_names(ratios: list[float]) -> list[str]:
     """One pressure workload per working-set ratio: 'pressure' alone, else 'pressure-<ratio>x'."""
     return ["pressure"] if len(ratios) == 1 else [f"pressure-{r:g}x" for r in ratios]
@@ -348,4 +419,7 @@ WORKLOADS: dict[str, WorkloadFn] = {
     "unique": wl_unique,
     "mixed": wl_mixed,
     "pressure": wl_pressure,
+    "timestamp": wl_timestamp,
+    "shuffled": wl_shuffled,
+    "sysprompt": wl_sysprompt,
 }

@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sglang_prefill_ext.adapters import common
 from sglang_prefill_ext.config import PrefillExtConfig
+from sglang_prefill_ext.doctor.fingerprint import fingerprint
 from sglang_prefill_ext.radix.node import Node
 from sglang_prefill_ext.radix.tokens import as_token_array
 from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
 from sglang_prefill_ext.runner.chunking import aligned_chunk_end, decode_adaptive_budget, divergence_points
 from sglang_prefill_ext.runner.goodput import Goodput
 from sglang_prefill_ext.runner.metrics import CounterDeltas
-from sglang_prefill_ext.runner.request_log import JsonlLog, PassRecord, RequestRecord
+from sglang_prefill_ext.runner.request_log import FingerprintedRecord, JsonlLog, PassRecord, RequestRecord
 from sglang_prefill_ext.runner.short_first import Need, PassPlan, ShortFirst
 
 if TYPE_CHECKING:
@@ -327,22 +328,32 @@ class PrefillExtScheduler:
         stats = req.time_stats
         reason = req.finished_reason
         tally = self._tallies.pop(req, None) or RequestTally(0)
-        self.log.write(
-            RequestRecord(
-                rid=req.rid,
-                input_len=len(req.origin_input_ids),
-                cached_tokens=req.cached_tokens,
-                deduped_tokens=tally.deduped_tokens,
-                chunks=req.extend_batch_idx,
-                queue_passes=tally.queue_passes,
-                budgeted_chunks=tally.budgeted_chunks,
-                queue_ms=_ms(stats.wait_queue_entry_time, stats.forward_entry_time),
-                prefill_ms=_ms(stats.forward_entry_time, stats.prefill_finished_time),
-                ttft_ms=_ms(stats.wait_queue_entry_time, stats.prefill_finished_time),
-                output_tokens=len(req.output_ids),
-                error=getattr(reason, "message", None),
-            )
+        record = RequestRecord(
+            rid=req.rid,
+            input_len=len(req.origin_input_ids),
+            cached_tokens=req.cached_tokens,
+            deduped_tokens=tally.deduped_tokens,
+            chunks=req.extend_batch_idx,
+            queue_passes=tally.queue_passes,
+            budgeted_chunks=tally.budgeted_chunks,
+            queue_ms=_ms(stats.wait_queue_entry_time, stats.forward_entry_time),
+            prefill_ms=_ms(stats.forward_entry_time, stats.prefill_finished_time),
+            ttft_ms=_ms(stats.wait_queue_entry_time, stats.prefill_finished_time),
+            output_tokens=len(req.output_ids),
+            error=getattr(reason, "message", None),
         )
+        config = self.config
+        if config.log_fingerprints:
+            fp = fingerprint(req.origin_input_ids, config.fingerprint_block, config.fingerprint_salt)
+            record = FingerprintedRecord(
+                **dataclasses.asdict(record),
+                start_ms=round(1e3 * stats.forward_entry_time, 3) if stats.forward_entry_time else -1.0,
+                fp_block=config.fingerprint_block,
+                fp=fp.blocks,
+                fp_anchors=fp.anchors,
+                fp_anchored=fp.anchored,
+            )
+        self.log.write(record)
 
 
 S = TypeVar("S", bound=PrefillExtScheduler)

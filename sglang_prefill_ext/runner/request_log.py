@@ -28,6 +28,18 @@ class RequestRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class FingerprintedRecord(RequestRecord):
+    """A request's line under `--prefill-ext-log-fingerprints`: its first forward's time on the
+    scheduler's clock and its prompt's fingerprint (`doctor.fingerprint`: hashes, no token ids)."""
+
+    start_ms: float
+    fp_block: int
+    fp: list[str]
+    fp_anchors: list[int]
+    fp_anchored: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
 class PassRecord:
     """One prefill pass as scheduled: `t_ms` on the scheduler's monotonic clock (the gap to the next
     pass's is about this pass's forward time while the scheduler is busy); `reqs` lists, per admitted

@@ -44,6 +44,9 @@ PORTED_OPTIONS = frozenset(
         "protect_waiting",
         "max_wait_passes",
         "log",
+        "log_fingerprints",
+        "fingerprint_block",
+        "fingerprint_salt",
     }
 )
 

@@ -1,0 +1,74 @@
+"""Reading `--prefill-ext-log` files for the doctor: one `Request` per finished request line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+
+class LogError(ValueError):
+    """A log the doctor cannot read: missing, or a line that is not a request record."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fingerprinted:
+    """A prompt's fingerprint as the log holds it (`fingerprint.Fingerprint`) and its timing."""
+
+    block: int
+    blocks: list[str]
+    anchors: list[int]
+    anchored: list[str]
+    start_ms: float
+    end_ms: float  # start_ms + prefill_ms: its prompt's KV is in the cache from then on
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    rid: str
+    input_len: int
+    cached: int
+    fp: Fingerprinted | None
+
+
+def _request(line: str) -> Request | None:
+    """The request of one log line; None for an aborted request (no prompt reached the cache)."""
+    record = json.loads(line)
+    if record.get("error") is not None:
+        return None
+    fp = None
+    if "fp" in record:
+        start = float(record["start_ms"])
+        fp = Fingerprinted(
+            int(record["fp_block"]),
+            list(record["fp"]),
+            [int(a) for a in record["fp_anchors"]],
+            list(record["fp_anchored"]),
+            start,
+            start + max(float(record["prefill_ms"]), 0.0),
+        )
+    return Request(str(record["rid"]), int(record["input_len"]), int(record["cached_tokens"]), fp)
+
+
+def read_log(path: Path) -> tuple[list[Request], int]:
+    """The finished requests of one log, in the order their prefill started (the file's order when
+    a line has no start time), and how many aborted ones were left out."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise LogError(f"{path}: {error.strerror or error}") from None
+    requests, aborted = [], 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            request = _request(line)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise LogError(f"{path}:{number}: not a --prefill-ext-log request line ({error})") from None
+        if request is None:
+            aborted += 1
+        else:
+            requests.append(request)
+    if all(r.fp is not None and r.fp.start_ms >= 0 for r in requests):
+        requests.sort(key=lambda r: r.fp.start_ms)  # type: ignore[union-attr]
+    return requests, aborted

@@ -1,0 +1,189 @@
+"""The doctor's report: hit rates, the divergence map and the findings, as a dict (`--json`) and as text."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+from sglang_prefill_ext.doctor.analysis import PATTERNS, Verdict, diagnose, saved_ms
+from sglang_prefill_ext.doctor.log import Request
+from sglang_prefill_ext.runner.short_first import PassCost
+
+LENGTH_BUCKETS = (1024, 4096, 16384, 65536)  # prompt-length bucket edges, tokens
+TIME_WINDOWS = 20
+MAP_ROWS = 5
+SHARES_MOST = 0.5  # the divergence map's prompts: those sharing at least this fraction of their tokens
+
+WHAT = {
+    "dynamic": "content that differs in every request near the front (a timestamp, request id, user name), "
+    "before content the cache holds",
+    "reordered": "the same content at other positions (retrieved documents in another order)",
+    "changed_prefix": "a shared prefix that changed (a system prompt edited), the rest of it unchanged",
+    "evicted": "prefixes evicted before they were reused",
+}
+FIX = {
+    "dynamic": "move the part that changes after the shared content (the end of the prompt)",
+    "reordered": "keep shared documents in one stable order, in front of what differs",
+    "changed_prefix": "keep the part that changes after the shared prefix",
+    "evicted": "a larger KV pool (--mem-fraction-static), or fewer prompts in flight",
+}
+
+
+def _bucket(length: int) -> str:
+    edges = [0, *LENGTH_BUCKETS]
+    for lo, hi in zip(edges, LENGTH_BUCKETS, strict=False):
+        if length < hi:
+            return f"{lo // 1024}K-{hi // 1024}K" if lo else f"<{hi // 1024}K"
+    return f">={LENGTH_BUCKETS[-1] // 1024}K"
+
+
+def _rate(cached: int, total: int) -> float | None:
+    return round(cached / total, 4) if total else None
+
+
+def _by_length(requests: list[Request]) -> list[dict[str, Any]]:
+    rows: dict[str, list[int]] = {}
+    for r in sorted(requests, key=lambda r: r.input_len):
+        row = rows.setdefault(_bucket(r.input_len), [0, 0, 0])
+        row[0] += 1
+        row[1] += r.input_len
+        row[2] += r.cached
+    return [
+        {"prompt_length": name, "requests": n, "prompt_tokens": t, "hit_rate": _rate(c, t)}
+        for name, (n, t, c) in rows.items()
+    ]
+
+
+def _over_time(requests: list[Request]) -> list[float | None]:
+    """The hit rate of consecutive windows of requests, in the order their prefill started."""
+    windows = min(TIME_WINDOWS, len(requests))
+    rates = []
+    for w in range(windows):
+        part = requests[w * len(requests) // windows : (w + 1) * len(requests) // windows]
+        rates.append(_rate(sum(r.cached for r in part), sum(r.input_len for r in part)))
+    return rates
+
+
+def _divergence(verdicts: list[Verdict], block: int) -> dict[str, Any]:
+    """Where prompts sharing most of their tokens with the cache stop sharing (the block it falls in)."""
+    sharing = [
+        v
+        for v in verdicts
+        if v.hit_end + v.recoverable >= SHARES_MOST * v.input_len and v.hit_end < v.input_len
+    ]
+    at = collections.Counter(v.hit_end // block * block for v in sharing)
+    example = {v.hit_end // block * block: v for v in reversed(sharing)}
+    return {
+        "positions": [v.hit_end for v in sharing],
+        "top": [
+            {
+                "offset": offset,
+                "requests": n,
+                "example": example[offset].rid,
+                "example_offset": example[offset].hit_end,
+            }
+            for offset, n in at.most_common(MAP_ROWS)
+        ],
+    }
+
+
+def _finding(pattern: str, verdicts: list[Verdict], cost: PassCost) -> dict[str, Any]:
+    tokens = [v.evicted if pattern == "evicted" else v.recoverable for v in verdicts]
+    example = max(verdicts, key=lambda v: v.evicted + v.recoverable)
+    finding: dict[str, Any] = {
+        "pattern": pattern,
+        "what": WHAT[pattern],
+        "fix": FIX[pattern],
+        "requests": len(verdicts),
+        "tokens": sum(tokens),
+        "gpu_s": round(sum(saved_ms(v, t, cost) for v, t in zip(verdicts, tokens, strict=True)) / 1e3, 3),
+        "example": {"rid": example.rid, "diverges_at": example.hit_end},
+    }
+    if pattern == "reordered":
+        finding["example"].update(found_at=example.moved_to, earlier_at=example.moved_from)
+    elif pattern in ("dynamic", "changed_prefix"):
+        finding["example"]["shared_again_from"] = example.resumes_at
+    else:
+        pools = sorted(v.keep_pool for v in verdicts)
+        finding["keep_pool_tokens"] = {"all": pools[-1], "p50": pools[len(pools) // 2]}
+    return finding
+
+
+def build(logs: list[tuple[Path, list[Request], int]], cost: PassCost) -> dict[str, Any]:
+    """The report over every log given (each one server's cache)."""
+    requests = [r for _, rs, _ in logs for r in rs]
+    verdicts = [v for _, rs, _ in logs for v in diagnose(rs)]
+    blocks = {r.fp.block for r in requests if r.fp is not None}
+    block = min(blocks) if blocks else 0
+    prompt_tokens = sum(r.input_len for r in requests)
+    by_pattern = collections.defaultdict(list)
+    for v in verdicts:
+        if v.pattern is not None:
+            by_pattern[v.pattern].append(v)
+    findings = [_finding(p, by_pattern[p], cost) for p in PATTERNS if by_pattern[p]]
+    return {
+        "logs": [str(path) for path, _, _ in logs],
+        "requests": len(requests),
+        "aborted": sum(aborted for _, _, aborted in logs),
+        "fingerprinted": len(verdicts),
+        "fingerprint_block": block or None,
+        "pass_cost": str(cost),
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": sum(r.cached for r in requests),
+        "hit_rate": _rate(sum(r.cached for r in requests), prompt_tokens),
+        "by_length": _by_length(requests),
+        "hit_rate_over_time": _over_time(requests),
+        "divergence": _divergence(verdicts, block) if verdicts else {"positions": [], "top": []},
+        "findings": sorted(findings, key=lambda f: -f["tokens"]),
+    }
+
+
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None else f"{100 * rate:.1f} %"
+
+
+def text(report: dict[str, Any]) -> str:
+    lines = [
+        f"cache doctor: {len(report['logs'])} log(s), {report['requests']:,} finished requests"
+        f" ({report['aborted']} aborted left out), {report['fingerprinted']:,} with fingerprints",
+        f"hit rate: {_pct(report['hit_rate'])} of {report['prompt_tokens']:,} prompt tokens",
+        "  by prompt length: "
+        + " | ".join(
+            f"{row['prompt_length']} {_pct(row['hit_rate'])} (n={row['requests']})"
+            for row in report["by_length"]
+        ),
+    ]
+    if not report["fingerprinted"]:
+        lines.append(
+            "no fingerprints in the log: serve with --prefill-ext-log-fingerprints to find why prompts miss"
+        )
+        return "\n".join(lines)
+    lines.append(
+        "divergence map (prompts sharing most of their tokens with the cache, where they stop sharing):"
+    )
+    for row in report["divergence"]["top"]:
+        lines.append(
+            f"  token {row['offset']:,}: {row['requests']} requests (e.g. {row['example']} at {row['example_offset']:,})"
+        )
+    if not report["findings"]:
+        lines.append("findings: none, the prompts reuse what the cache could give them")
+        return "\n".join(lines)
+    lines.append(
+        f"findings (savings estimated at fingerprint-block granularity; GPU time from --prefill-ext-pass-cost {report['pass_cost']}):"
+    )
+    for n, f in enumerate(report["findings"], 1):
+        example = ", ".join(
+            f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in f["example"].items()
+        )
+        lines.append(
+            f"  {n}. {f['what']}: {f['requests']} requests, {f['tokens']:,} prefill tokens recomputed"
+        )
+        lines.append(f"     e.g. {example}")
+        if "keep_pool_tokens" in f:
+            pools = f["keep_pool_tokens"]
+            lines.append(
+                f"     a KV pool of {pools['all']:,} tokens would have kept all of them ({pools['p50']:,}: half), an LRU estimate"
+            )
+        lines.append(f"     fix: {f['fix']}: saves {f['tokens']:,} prefill tokens, ~{f['gpu_s']:.2f} GPU s")
+    return "\n".join(lines)
