@@ -10,16 +10,77 @@ normalised per query block, it estimates mass[h, r, c] like the sampled scorer's
 row summing to 1. Per query head, or with the group's mean per KV head.
 
 Blocks are aligned to absolute positions (layout.py); each request's queries are zero-padded to whole
-query blocks and its keys to whole key blocks, and packed rows holding no query are left out.
+query blocks and its keys to whole key blocks, and packed rows holding no query are left out. The
+packed product is written once (bf16 on the GPU) and read once, by `block_lse`: each packed row's
+log-sum-exp over each key block's packed columns, causal (a packed column after the packed row is
+masked). Normalising and summing those per query block is a few small torch ops.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
+from .dispatch import triton_enabled
 from .layout import BlockLayout
 
-SCORE_BYTES = 1 << 29  # fp32 packed scores held at once per request (rows are processed in steps)
+SCORE_BYTES = 1 << 29  # packed scores held at once per request (rows are processed in steps)
+_FLOOR = -1.0e30
+
+
+@triton.jit
+def _block_lse_kernel(
+    s_ptr,
+    row_pos_ptr,
+    out_ptr,
+    num_rows,
+    num_blocks,
+    P: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    blocks = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    row_live = rows < num_rows
+    pos = tl.load(row_pos_ptr + rows, mask=row_live, other=-1)
+    cols = blocks[None, :, None] * P + tl.arange(0, P)[None, None, :]  # [1, BLOCK_C, P]
+    live = row_live[:, None, None] & (blocks < num_blocks)[None, :, None]
+    s = tl.load(s_ptr + rows.to(tl.int64)[:, None, None] * (num_blocks * P) + cols, mask=live, other=0.0)
+    s = tl.where(live & (cols <= pos[:, None, None]), s.to(tl.float32), float("-inf"))
+    block_max = tl.max(s, axis=2)
+    safe_max = tl.where(block_max == float("-inf"), 0.0, block_max)
+    block_sum = tl.sum(tl.exp(s - safe_max[:, :, None]), axis=2)
+    lse = tl.where(block_sum > 0, safe_max + tl.log(tl.maximum(block_sum, 1e-30)), float("-inf"))
+    out = rows.to(tl.int64)[:, None] * num_blocks + blocks[None, :]
+    tl.store(out_ptr + out, lse, mask=row_live[:, None] & (blocks < num_blocks)[None, :])
+
+
+def block_lse_triton(s: torch.Tensor, row_pos: torch.Tensor, per_block: int) -> torch.Tensor:
+    num_rows, num_cols = s.shape
+    num_blocks = num_cols // per_block
+    out = torch.empty(num_rows, num_blocks, dtype=torch.float32, device=s.device)
+    block_c = max(1, 256 // per_block)
+    grid = (triton.cdiv(num_rows, 32), triton.cdiv(num_blocks, block_c))
+    _block_lse_kernel[grid](
+        s, row_pos, out, num_rows, num_blocks, P=per_block, BLOCK_R=32, BLOCK_C=block_c, num_warps=4
+    )
+    return out
+
+
+def block_lse_torch(s: torch.Tensor, row_pos: torch.Tensor, per_block: int) -> torch.Tensor:
+    num_rows, num_cols = s.shape
+    cols = torch.arange(num_cols, device=s.device)
+    s = s.float().masked_fill(cols[None, :] > row_pos[:, None], float("-inf"))
+    return s.view(num_rows, num_cols // per_block, per_block).logsumexp(-1)
+
+
+def block_lse(s: torch.Tensor, row_pos: torch.Tensor, per_block: int) -> torch.Tensor:
+    """Packed scores s [N, C * per_block] (contiguous), each row's absolute packed position `row_pos`
+    [N] (-1: a row without a query): log-sum-exp per key block over the packed columns up to the
+    row's own, [N, C] fp32 (-inf where none is visible)."""
+    impl = block_lse_triton if triton_enabled(s) else block_lse_torch
+    return impl(s, row_pos.to(torch.int32).contiguous(), per_block)
 
 
 def antidiagonal_mass(
@@ -48,31 +109,33 @@ def antidiagonal_mass(
         num_cols = (ctx - 1) // bsz + 1
         first_block = prefix // bsz
         num_rows = num_cols - first_block
-        keys = torch.zeros(num_cols * bsz, num_kv_heads, head_dim, dtype=q.dtype, device=q.device)
-        keys[:ctx] = k_buffer[locs[ctx_offset : ctx_offset + ctx].long()]
+        packed_rows = num_rows * per_block
         # [Hkv, packed columns, S*D]
-        keys = keys.view(num_cols * per_block, stride, num_kv_heads, head_dim).permute(2, 0, 1, 3).flatten(2)
+        keys = torch.zeros(num_kv_heads, num_cols * bsz, head_dim, dtype=q.dtype, device=q.device)
+        keys[:, :ctx] = k_buffer[locs[ctx_offset : ctx_offset + ctx].long()].transpose(0, 1)
+        keys = keys.view(num_kv_heads, num_cols * per_block, stride * head_dim)
+        # [Hkv, packed rows, G, S*D], scaled, each packed row's positions reversed: its dot with a
+        # packed column sums the tile's antidiagonal
         queries = torch.zeros(num_rows * bsz, num_qo_heads, head_dim, dtype=q.dtype, device=q.device)
         start = prefix - first_block * bsz
-        queries[start : start + extend] = q[q_offset : q_offset + extend]
-        # [Hq, packed rows, S*D], each packed row's positions reversed: its dot with a packed column
-        # sums the tile's antidiagonal
-        queries = queries.view(num_rows * per_block, stride, num_qo_heads, head_dim).flip(1)
-        queries = queries.permute(2, 0, 1, 3).flatten(2)
-        step = max(1, SCORE_BYTES // (4 * num_qo_heads * num_cols * per_block * per_block)) * per_block
-        for r0 in range(0, num_rows * per_block, step):
-            r1 = min(r0 + step, num_rows * per_block)
+        queries[start : start + extend] = q[q_offset : q_offset + extend] * (sm_scale / stride)
+        queries = queries.view(packed_rows, stride, num_kv_heads, group, head_dim).flip(1)
+        queries = queries.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, packed_rows, group, stride * head_dim)
+        row_bytes = num_qo_heads * num_cols * per_block * q.element_size()  # one packed row's scores
+        step = max(1, SCORE_BYTES // (row_bytes * per_block)) * per_block
+        for r0 in range(0, packed_rows, step):
+            r1 = min(r0 + step, packed_rows)
+            m = r1 - r0
+            s = torch.matmul(queries[:, r0:r1].reshape(num_kv_heads, m * group, -1), keys.transpose(1, 2))
             packed = torch.arange(r0, r1, device=q.device) + first_block * per_block  # absolute packed row
-            s = torch.matmul(
-                queries[:, r0:r1].reshape(num_kv_heads, group * (r1 - r0), -1), keys.transpose(1, 2)
-            ).view(num_qo_heads, r1 - r0, -1)
-            s = s.float() * (sm_scale / stride)
-            cols = torch.arange(s.shape[-1], device=q.device)
-            s.masked_fill_(cols[None, None, :] > packed[None, :, None], float("-inf"))
-            p = s.softmax(-1)
             has_query = ((packed + 1) * stride > prefix) & (packed * stride < ctx)
-            p.mul_(has_query[None, :, None])
-            tiles = p.view(num_qo_heads, (r1 - r0) // per_block, per_block, num_cols, per_block).sum((2, 4))
+            pos = torch.where(has_query, packed, -1).repeat_interleave(group).repeat(num_kv_heads)
+            lse = block_lse(s.view(num_kv_heads * m * group, -1), pos, per_block)
+            lse = (
+                lse.view(num_kv_heads, m, group, num_cols).transpose(1, 2).reshape(num_qo_heads, m, num_cols)
+            )
+            p = torch.exp(lse - lse.logsumexp(-1, keepdim=True).clamp_min(_FLOOR))
+            tiles = p.view(num_qo_heads, m // per_block, per_block, num_cols).sum(2)
             rows = first_row + r0 // per_block
             out[:, rows : rows + tiles.shape[1], :num_cols] = tiles
         first_row += num_rows

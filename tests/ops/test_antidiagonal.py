@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sglang_prefill_ext.ops import antidiagonal
-from sglang_prefill_ext.ops.antidiagonal import antidiagonal_mass
+from sglang_prefill_ext.ops.antidiagonal import antidiagonal_mass, block_lse_torch, block_lse_triton
 from sglang_prefill_ext.ops.layout import BlockLayout
 from sglang_prefill_ext.ops.scoring import select_by_mass
 from sglang_prefill_ext.ops.settings import SparseSettings
@@ -71,6 +71,19 @@ def test_mass_matches_the_full_logit_matrix(heads: tuple[int, int], stride: int)
     torch.testing.assert_close(per_kv.sum(-1), torch.ones(heads[1], layout.num_rows))
     after = torch.arange(layout.max_key_blocks)[None, :] > layout.row_block.long()[:, None]
     assert float(per_q[:, after].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("per_block", [16, 4, 1])
+def test_the_block_lse_kernel_matches_torch(per_block: int) -> None:
+    """bf16 scores, rows that see part of a block, none of it, or nothing (-1: no query)."""
+    gen = torch.Generator().manual_seed(per_block)
+    s = (torch.randn(37, 9 * per_block, generator=gen) * 4).bfloat16()
+    row_pos = torch.randint(-1, 9 * per_block + 3, (37,), generator=gen).to(torch.int32)
+    want = block_lse_torch(s, row_pos, per_block)
+    torch.testing.assert_close(block_lse_triton(s, row_pos, per_block), want, atol=1e-5, rtol=1e-5)
+    assert bool(torch.isinf(want[row_pos == -1]).all()) and bool(
+        torch.isfinite(want[:, 0][row_pos >= 0]).all()
+    )
 
 
 def test_rows_processed_in_steps_give_the_same_mass(monkeypatch: pytest.MonkeyPatch) -> None:
