@@ -8,6 +8,22 @@ import torch
 import torch.nn.functional as F
 
 
+def scattered_batch(
+    heads: tuple[int, int], head_dim: int, prefix: list[int], extend: list[int], block: int, seed: int = 0
+):
+    """A layout, queries of its new tokens and a shuffled KV pool (a few slots spare) holding every
+    context position: (layout, q [N, Hq, D], k_buffer [T, Hkv, D], locs [M])."""
+    from sglang_prefill_ext.ops.layout import BlockLayout
+
+    gen = torch.Generator().manual_seed(seed)
+    layout = BlockLayout.build(prefix, extend, block)
+    q = torch.randn(layout.num_tokens, heads[0], head_dim, generator=gen)
+    total = layout.num_context_tokens
+    k_buffer = torch.randn(total + 7, heads[1], head_dim, generator=gen)
+    locs = torch.randperm(total + 7, generator=gen)[:total]
+    return layout, q, k_buffer, locs
+
+
 @dataclasses.dataclass
 class Pool:
     k: torch.Tensor  # [T, Hkv, D]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvpool import scattered_batch
 
 from sglang_prefill_ext.ops.layout import BlockLayout
 from sglang_prefill_ext.ops.sampled import (
@@ -19,14 +20,7 @@ BLOCK = 16
 
 
 def _batch(heads: tuple[int, int], head_dim: int, prefix: list[int], extend: list[int], seed: int = 0):
-    """A layout, queries of its new tokens and a shuffled KV pool holding every context position."""
-    gen = torch.Generator().manual_seed(seed)
-    layout = BlockLayout.build(prefix, extend, BLOCK)
-    q = torch.randn(layout.num_tokens, heads[0], head_dim, generator=gen)
-    total = layout.num_context_tokens
-    k_buffer = torch.randn(total + 7, heads[1], head_dim, generator=gen)
-    locs = torch.randperm(total + 7, generator=gen)[:total]
-    return layout, q, k_buffer, locs
+    return scattered_batch(heads, head_dim, prefix, extend, BLOCK, seed)
 
 
 @pytest.mark.parametrize(("heads", "head_dim"), [((8, 2), 32), ((9, 3), 64), ((4, 4), 16)])
