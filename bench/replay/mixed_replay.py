@@ -15,10 +15,9 @@ to the end of the forward holding the prompt's last chunk (no HTTP, no detokeniz
     python -m bench.replay.mixed_replay --overlap --budget-ms --tbt-target-ms 100 --mixed-chunk
 
 Besides TTFT it reports time between tokens (each token at the end of the forward that made it) and
-goodput at bench/lib/goodput.py's default targets. Under --overlap the replay joins a request to the
-decoding batch when its prefill result is processed, one pass after SGLang (whose
-`get_next_batch_to_run` merges the batch just launched): riding decodes get a token every other pass
-here, every pass on the GPU, so the replay's TBT under mixed chunk and overlap is pessimistic.
+goodput at bench/lib/goodput.py's default targets. A request decodes from the pass after its last
+chunk's, with or without --overlap, as in SGLang (`get_next_batch_to_run` merges the last batch
+into the running one before forming the next, even while the last one's result is pending).
 
 Needs the venv's SGLang patched: `make apply SGLANG_VERSION=<its version>`.
 """
@@ -161,13 +160,13 @@ def run_timed(
                 )
             gpu_free = start + ms
             busy += ms
-            for rid, begin, end in step.admitted:
-                if begin < lengths[rid]:  # not a decode token riding a mixed chunk
-                    chunks[rid] = chunks.get(rid, 0) + 1
+            prompts = [(rid, end) for rid, _, end in step.admitted if rid not in step.riding]
+            for rid, end in prompts:
+                chunks[rid] = chunks.get(rid, 0) + 1
                 if end == lengths[rid] and rid not in ttft:
                     ttft[rid] = gpu_free - arrived[rid]
-            riders = [rid for rid, _, end in step.admitted if end >= lengths[rid]]  # a last chunk or a decode
-            for rid in riders + step.decoded:
+            last_chunks = [rid for rid, end in prompts if end == lengths[rid]]
+            for rid in last_chunks + step.decoded:
                 token_ms.setdefault(rid, []).append(gpu_free)
                 token_passes.setdefault(rid, []).append(forwards)
             forwards += 1

@@ -8,8 +8,9 @@ request pool on CPU tensors, `SchedulePolicy`, `PrefillAdder`, `ScheduleBatch.pr
 allocating `out_cache_loc`), then "runs" the batch by emitting one output token per finished
 prefill and calling the same `release_kv_cache` / `maybe_cache_unfinished_req` paths as
 `process_batch_result_prefill`; what differs between SGLang versions (0.5.17, 0.5.23) is in
-`sglang_prefill_ext.harness.vX_Y_Z.replay`. With --overlap, a batch's result is processed one iteration late,
-after the next batch is scheduled, as in SGLang's overlap event loop.
+`sglang_prefill_ext.harness.vX_Y_Z.replay`. A batch's requests join the running (decode) batch before
+the next pass forms, as in `get_next_batch_to_run`; with --overlap, its result is processed one
+iteration late, after the next batch is scheduled, as in SGLang's overlap event loop.
 
 Reports, per trace and mode: prefill tokens computed (sum of extend lengths), the ideal (each
 distinct token computed once), scheduling passes, decisions/s and CPU time per scheduling step.
@@ -337,12 +338,14 @@ class ReplayConfig:
 
 @dataclasses.dataclass
 class StepRecord:
-    """One scheduling pass: who was admitted with which extend range, how long it took, and (a decode
-    step: no prefill batch formed) the requests that decoded a token."""
+    """One scheduling pass: who was admitted with which extend range (a mixed chunk's decodes, `riding`,
+    included), how long it took, and the requests that decode a token in it (a decode step, or
+    riding a mixed chunk; not one that an overlapped prefill result finished, which rides for nothing)."""
 
     admitted: list[tuple[str, int, int]]
     cpu_s: float
     decoded: list[str] = dataclasses.field(default_factory=list)
+    riding: list[str] = dataclasses.field(default_factory=list)
 
 
 class ReplayScheduler:
@@ -393,23 +396,40 @@ class ReplayScheduler:
         self.running_batch = plan.running_batch  # emptied when a mixed chunk took its requests
         admitted = [] if batch is None else [(r.rid, *self.kit.extend_range(r)) for r in batch.reqs]
         self.steps.append(StepRecord(admitted, cpu_s))
+        decoding = riding = None
         if batch is not None:
             self.prefill_tokens += batch.extend_num_tokens
+            riding = batch.decoding_reqs  # a mixed chunk's decodes
+            self.steps[-1].riding = [r.rid for r in riding or ()]
         elif not self.running_batch.is_empty():
-            self.steps[-1].decoded = [r.rid for r in self.running_batch.reqs]
-            self._decode()  # SGLang's event loop: decode only when no prefill batch forms
+            # SGLang's event loop: decode only when no prefill batch forms
+            decoding = self._update_running_batch()
+            riding = None if decoding is None else decoding.reqs
         if self.config.overlap:
-            self._pending, batch = batch, self._pending
-        if batch is not None:
+            # The last pass's result, once this pass is launched; a copy, as `_join_running` filters the batch.
+            if self._pending is not None:
+                self._process_prefill_result(self._pending)
+            self._pending = None if batch is None else batch.copy()
+        self.steps[-1].decoded = [r.rid for r in riding or () if not r.finished()]
+        if batch is not None and not self.config.overlap:
             self._process_prefill_result(batch)
+        if decoding is not None:
+            self._finish_decode(decoding)
+        if batch is not None:
+            self._join_running(batch)
 
     def _process_prefill_result(self, batch: ScheduleBatch) -> None:
         for req in self.kit.finish_prefill(self.scheduler, batch, OUTPUT_TOKEN):
             self.finished[req.rid] = req
             # get_next_batch_to_run: the batch shrank, so the scheduler may admit again.
             self.running_batch.batch_is_full = False
-        # Requests with more tokens to generate join the running (decode) batch, as in
-        # `get_next_batch_to_run`: finished ones and the continuing chunked request stay out.
+
+    def _join_running(self, batch: ScheduleBatch) -> None:
+        """`get_next_batch_to_run`'s merge of the last batch into the running (decode) batch, before
+        the next pass forms: all but finished requests and the continuing chunked one. Under overlap
+        it comes before the batch's result is processed, so the batch's requests decode (or ride a
+        mixed chunk) in the very next pass, as in SGLang; one that its prefill finishes rides that
+        pass for nothing (`_finish_decode` skips it)."""
         keep = [i for i, r in enumerate(batch.reqs) if not r.finished() and r is not batch.chunked_req]
         if keep:
             batch.filter_batch(keep_indices=keep)
@@ -419,12 +439,21 @@ class ReplayScheduler:
             else:
                 self.running_batch.merge_batch(batch)
 
-    def _decode(self) -> None:
-        """One decode step: SGLang's own `prepare_for_decode` allocates a KV slot per running request
-        (evicting from the tree when the pool is short); each request emits `OUTPUT_TOKEN`, and those
-        reaching their `max_new_tokens` are released into the tree as `process_batch_result_decode` does."""
+    def _update_running_batch(self) -> ScheduleBatch | None:
+        """`update_running_batch` (no retraction): the running batch less the requests an overlapped
+        prefill result finished, set up for a decode step by SGLang's own `prepare_for_decode` (a KV
+        slot per request, evicting from the tree when the pool is short); None when it is empty."""
         batch = self.running_batch
+        batch.filter_batch()
+        if batch.is_empty():
+            batch.batch_is_full = False
+            return None
         batch.prepare_for_decode()
+        return batch
+
+    def _finish_decode(self, batch: ScheduleBatch) -> None:
+        """The result of one decode step: each request emits `OUTPUT_TOKEN`, and those reaching their
+        `max_new_tokens` are released into the tree as `process_batch_result_decode` does."""
         for req in self.kit.finish_decode(self.scheduler, batch, OUTPUT_TOKEN):
             self.finished[req.rid] = req
         batch.filter_batch()

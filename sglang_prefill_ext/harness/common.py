@@ -196,6 +196,8 @@ def finish_decode(batch: Any, output_token: int, release: Callable[[Any], None])
     finished request as the version does. Returns the requests it finished."""
     finished = []
     for req in batch.reqs:
+        if req.finished():  # overlap: finished by its prefill's result after joining this decode
+            continue
         req.output_ids.append(output_token)
         req.update_finish_state()
         if req.finished():

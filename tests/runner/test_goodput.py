@@ -73,12 +73,14 @@ def skipped_decodes(result: object) -> dict[str, int]:
 
 
 @ported("tbt_target_ms")
-def test_no_pass_plan_skips_a_decode_and_kv_stays_exact(replay: ModuleType, mixed: ModuleType) -> None:
-    """Without overlap (the replay joins a decode one pass late under overlap, SGLang does not): every
-    decoding request gets a token in every forward until it finishes. Stock without mixed chunk runs
-    no decode while a long prompt is chunked."""
+@pytest.mark.parametrize("overlap", [False, True])
+def test_no_pass_plan_skips_a_decode_and_kv_stays_exact(
+    replay: ModuleType, mixed: ModuleType, overlap: bool
+) -> None:
+    """Every decoding request gets a token in every forward until it finishes. Stock without mixed
+    chunk runs no decode while a long prompt is chunked."""
     trace = arrivals(mixed)
-    common = {"chunked_prefill_size": 4096, "pool_tokens": 1 << 17}
+    common = {"chunked_prefill_size": 4096, "pool_tokens": 1 << 17, "overlap": overlap}
     stock = mixed.run_timed(trace, replay.ReplayConfig(ext=False, **common), COST, check_kv=True)
     result = mixed.run_timed(
         trace, replay.ReplayConfig(ext=True, extra_args=GOODPUT, **common), COST, check_kv=True
@@ -104,8 +106,10 @@ def test_decodes_keep_their_tbt_and_shorts_their_ttft(
         trace, replay.ReplayConfig(ext=True, extra_args=GOODPUT, **common), COST, check_kv=True
     )
     assert result.kv_errors == []
-    if not overlap:  # the plan's pass is the pass the replay times (overlap: see mixed_replay's docstring)
-        assert max(result.gaps()) <= HEADROOM * 100.0 + COST.fixed_ms
+    # Each pass within the plan's budget; under overlap the shorts that arrived during a pass all come
+    # two passes later, and the one chunked there gets `min_long_chunk` tokens where the budget leaves
+    # fewer: that pass overshoots the budget (85 ms), not the target.
+    assert max(result.gaps()) <= (100.0 if overlap else HEADROOM * 100.0 + COST.fixed_ms)
     assert max(result.gaps()) < max(stock.gaps())
     assert max(result.group_ttfts("short")) < max(stock.group_ttfts("short"))
 
