@@ -46,6 +46,9 @@ def new_scheduler(spec: ReplaySpec) -> Scheduler:
         processed_tokens_counter=0,
         max_req_len=spec.row_tokens,
         future_map=None,
+        # as `Scheduler.__init__`; its overlap loop turns this on to leave requests its queued result
+        # finishes out of the next batch, and the replay keeps no result queue to read them from
+        enable_skip_finishing_decode=False,
     )
     scheduler.init_beam_coordinator()
     return scheduler
