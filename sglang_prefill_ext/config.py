@@ -143,7 +143,8 @@ class PrefillExtConfig:
         "start_ms (its first forward, on the scheduler's clock), fp_block (the block size), fp (a 64-bit "
         "keyed hash of each full block of --prefill-ext-fingerprint-block tokens), fp_anchors and "
         "fp_anchored (offsets and hashes of half-size blocks at content-defined anchors, which match "
-        "wherever the same tokens recur). Hashes only, no token ids.",
+        "wherever the same tokens recur), and a line {flush_ms} when the cache is flushed. Hashes only, no "
+        "token ids.",
     )
     fingerprint_block: int = _option(
         256,

@@ -27,7 +27,13 @@ from sglang_prefill_ext.runner import Flight, Position, PrefillRunner
 from sglang_prefill_ext.runner.chunking import aligned_chunk_end, decode_adaptive_budget, divergence_points
 from sglang_prefill_ext.runner.goodput import Goodput
 from sglang_prefill_ext.runner.metrics import CounterDeltas
-from sglang_prefill_ext.runner.request_log import FingerprintedRecord, JsonlLog, PassRecord, RequestRecord
+from sglang_prefill_ext.runner.request_log import (
+    FingerprintedRecord,
+    FlushRecord,
+    JsonlLog,
+    PassRecord,
+    RequestRecord,
+)
 from sglang_prefill_ext.runner.short_first import Need, PassPlan, ShortFirst
 
 if TYPE_CHECKING:
@@ -322,6 +328,12 @@ class PrefillExtScheduler:
             divergence_points(ours, end, others, anchors),
             self.config.chunk_align_tail,
         )
+
+    def flushed(self) -> None:
+        """The tree cache was reset: with fingerprints, a log line the doctor starts a new cache at
+        (on the clock of SGLang's `time_stats`, which `start_ms` reads)."""
+        if self.log is not None and self.config.log_fingerprints:
+            self.log.write(FlushRecord(flush_ms=round(1e3 * time.perf_counter(), 3)))
 
     def released(self, req: Req) -> None:
         """`req` finished or was aborted: its log line."""

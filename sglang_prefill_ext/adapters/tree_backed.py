@@ -181,6 +181,9 @@ class PrefixTreeCacheMixin:
         self.tree.reset()
         self._handles.clear()
         self._on_cleared()
+        glue = getattr(self, "prefill_ext_scheduler", None)  # set once the scheduler is built
+        if glue is not None:
+            glue.flushed()
 
     def _query(self, key: Any) -> Query:
         if key.is_bigram:

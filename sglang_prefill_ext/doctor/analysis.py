@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+from collections.abc import Sequence
 
 from sglang_prefill_ext.doctor.log import Request
 from sglang_prefill_ext.runner.short_first import PassCost
@@ -182,8 +183,9 @@ def _diagnose(request: Request, cache: _Cache, recurring: collections.Counter) -
     return verdict
 
 
-def diagnose(requests: list[Request]) -> list[Verdict]:
-    """The verdict of each fingerprinted request of one log, in the order their prefill started."""
+def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Verdict]:
+    """The verdict of each fingerprinted request of one log, in the order their prefill started; at
+    each of `flushes` (sorted) the cache starts empty."""
     requests = [r for r in requests if r.fp is not None]
     if not requests:
         return []
@@ -193,8 +195,14 @@ def diagnose(requests: list[Request]) -> list[Verdict]:
     recurring = collections.Counter((i, h) for r in requests for i, h in enumerate(r.fp.blocks))
     cache = _Cache(len(requests), block)
     pending: list[tuple[float, int]] = []  # (prefill end, index): prompts not in the cache yet
+    flushes = list(flushes)
     verdicts = []
     for now, request in enumerate(requests):
+        while flushes and flushes[0] <= request.fp.start_ms:
+            flush = flushes.pop(0)
+            pending = [(end, index) for end, index in pending if end > flush]  # SGLang flushes when idle
+            heapq.heapify(pending)
+            cache = _Cache(len(requests), block)
         while pending and pending[0][0] <= request.fp.start_ms:
             _, index = heapq.heappop(pending)
             cache.insert(requests[index])

@@ -35,12 +35,10 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        logs = []
-        for path in args.logs:
-            requests, aborted = read_log(path)
-            if not requests and not aborted:
-                raise LogError(f"{path}: no request lines")
-            logs.append((path, requests, aborted))
+        logs = [read_log(path) for path in args.logs]
+        for log in logs:
+            if not log.requests and not log.aborted:
+                raise LogError(f"{log.path}: no request lines")
         result = report.build(logs, args.pass_cost)
     except ValueError as error:  # a LogError, or logs of different fingerprint block sizes
         print(f"sglang-prefill-ext doctor: {error}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Reading `--prefill-ext-log` files for the doctor: one `Request` per finished request line."""
+"""Reading `--prefill-ext-log` files for the doctor: one `Request` per finished request line, and the
+times the server's cache was flushed (`runner.request_log.FlushRecord` lines)."""
 
 from __future__ import annotations
 
@@ -31,9 +32,16 @@ class Request:
     fp: Fingerprinted | None
 
 
-def _request(line: str) -> Request | None:
+@dataclasses.dataclass(frozen=True)
+class Log:
+    path: Path
+    requests: list[Request]  # in the order their prefill started
+    aborted: int  # aborted requests, left out
+    flushes: list[float]  # when the cache was emptied, on the clock of `Fingerprinted.start_ms`
+
+
+def _request(record: dict) -> Request | None:
     """The request of one log line; None for an aborted request (no prompt reached the cache)."""
-    record = json.loads(line)
     if record.get("error") is not None:
         return None
     fp = None
@@ -50,19 +58,23 @@ def _request(line: str) -> Request | None:
     return Request(str(record["rid"]), int(record["input_len"]), int(record["cached_tokens"]), fp)
 
 
-def read_log(path: Path) -> tuple[list[Request], int]:
-    """The finished requests of one log, in the order their prefill started (the file's order when
-    a line has no start time), and how many aborted ones were left out."""
+def read_log(path: Path) -> Log:
+    """One log: its finished requests in the order their prefill started (the file's order when a
+    line has no start time), how many aborted ones were left out, and its flushes."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as error:
         raise LogError(f"{path}: {error.strerror or error}") from None
-    requests, aborted = [], 0
+    requests, aborted, flushes = [], 0, []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            request = _request(line)
+            record = json.loads(line)
+            if "flush_ms" in record:
+                flushes.append(float(record["flush_ms"]))
+                continue
+            request = _request(record)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise LogError(f"{path}:{number}: not a --prefill-ext-log request line ({error})") from None
         if request is None:
@@ -71,4 +83,4 @@ def read_log(path: Path) -> tuple[list[Request], int]:
             requests.append(request)
     if all(r.fp is not None and r.fp.start_ms >= 0 for r in requests):
         requests.sort(key=lambda r: r.fp.start_ms)  # type: ignore[union-attr]
-    return requests, aborted
+    return Log(path, requests, aborted, sorted(flushes))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import collections
-from pathlib import Path
 from typing import Any
 
 from sglang_prefill_ext.doctor.analysis import PATTERNS, Verdict, diagnose, saved_ms
-from sglang_prefill_ext.doctor.log import Request
+from sglang_prefill_ext.doctor.log import Log, Request
 from sglang_prefill_ext.runner.short_first import PassCost
 
 LENGTH_BUCKETS = (1024, 4096, 16384, 65536)  # prompt-length bucket edges, tokens
@@ -110,10 +109,10 @@ def _finding(pattern: str, verdicts: list[Verdict], cost: PassCost) -> dict[str,
     return finding
 
 
-def build(logs: list[tuple[Path, list[Request], int]], cost: PassCost) -> dict[str, Any]:
+def build(logs: list[Log], cost: PassCost) -> dict[str, Any]:
     """The report over every log given (each one server's cache)."""
-    requests = [r for _, rs, _ in logs for r in rs]
-    verdicts = [v for _, rs, _ in logs for v in diagnose(rs)]
+    requests = [r for log in logs for r in log.requests]
+    verdicts = [v for log in logs for v in diagnose(log.requests, log.flushes)]
     blocks = {r.fp.block for r in requests if r.fp is not None}
     block = min(blocks) if blocks else 0
     prompt_tokens = sum(r.input_len for r in requests)
@@ -123,9 +122,10 @@ def build(logs: list[tuple[Path, list[Request], int]], cost: PassCost) -> dict[s
             by_pattern[v.pattern].append(v)
     findings = [_finding(p, by_pattern[p], cost) for p in PATTERNS if by_pattern[p]]
     return {
-        "logs": [str(path) for path, _, _ in logs],
+        "logs": [str(log.path) for log in logs],
         "requests": len(requests),
-        "aborted": sum(aborted for _, _, aborted in logs),
+        "aborted": sum(log.aborted for log in logs),
+        "flushes": sum(len(log.flushes) for log in logs),
         "fingerprinted": len(verdicts),
         "fingerprint_block": block or None,
         "pass_cost": str(cost),

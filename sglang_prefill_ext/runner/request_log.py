@@ -40,6 +40,14 @@ class FingerprintedRecord(RequestRecord):
 
 
 @dataclasses.dataclass(frozen=True)
+class FlushRecord:
+    """Under `--prefill-ext-log-fingerprints`: the prefix cache was emptied (SGLang's /flush_cache) at
+    `flush_ms`, the clock of `FingerprintedRecord.start_ms`; nothing cached before it hits after."""
+
+    flush_ms: float
+
+
+@dataclasses.dataclass(frozen=True)
 class PassRecord:
     """One prefill pass as scheduled: `t_ms` on the scheduler's monotonic clock (the gap to the next
     pass's is about this pass's forward time while the scheduler is busy); `reqs` lists, per admitted
@@ -62,7 +70,7 @@ class JsonlLog:
         self._file = self.path.open("a", buffering=1, encoding="utf-8")
         self._lock = threading.Lock()
 
-    def write(self, record: RequestRecord | PassRecord) -> None:
+    def write(self, record: RequestRecord | FlushRecord | PassRecord) -> None:
         line = json.dumps(dataclasses.asdict(record), separators=(",", ":"))
         with self._lock:
             self._file.write(line + "\n")

@@ -32,8 +32,7 @@ def runs(replay: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 
 def _report(log: Path) -> dict[str, Any]:
-    requests, aborted = read_log(log)
-    return report.build([(log, requests, aborted)], PassCost())
+    return report.build([read_log(log)], PassCost())
 
 
 PLANTED = ["timestamp-front", "shuffled-docs", "system-change", "evicted-docs"]
@@ -52,7 +51,7 @@ def test_each_planted_pattern_is_the_one_finding_with_the_replays_savings(
 
 
 def _verdicts(run: Any, pattern: str) -> list[Any]:
-    found = [v for v in diagnose(read_log(run.log)[0]) if v.pattern == pattern]
+    found = [v for v in diagnose(read_log(run.log).requests) if v.pattern == pattern]
     assert found
     return found
 
@@ -181,3 +180,35 @@ def test_a_missing_or_malformed_log_is_one_line_and_exit_1(
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("sglang-prefill-ext doctor: ")
     assert error in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("fingerprints", [True, False])
+def test_a_flush_starts_the_doctors_cache_anew(
+    replay: ModuleType, tmp_path: Path, fingerprints: bool
+) -> None:
+    """The same prompt before and after SGLang's cache reset (what /flush_cache calls): the reset is a
+    line of the fingerprinted log, and the doctor, which would call the second miss an eviction without
+    it, finds nothing; without fingerprints the log has no flush line (and no other change)."""
+    log = tmp_path / "requests.jsonl"
+    args = ("--prefill-ext-log", str(log)) + (("--prefill-ext-log-fingerprints",) if fingerprints else ())
+    scheduler = replay.ReplayScheduler(replay.ReplayConfig(ext=True, pool_tokens=1 << 15, extra_args=args))
+    prompt = tuple(range(100, 100 + 4 * BLOCK))
+    for rid in ("before", "after"):
+        scheduler.add(replay.TraceReq(rid, prompt))
+        while scheduler.busy():
+            scheduler.step()
+        if rid == "before":
+            scheduler.scheduler.tree_cache.reset()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    flushes = [line for line in lines if "flush_ms" in line]
+    requests = [line for line in lines if "rid" in line]
+    assert [r["rid"] for r in requests] == ["before", "after"]
+    assert requests[1]["cached_tokens"] == 0  # the reset really emptied the tree
+    if not fingerprints:
+        assert flushes == []
+        return
+    assert len(flushes) == 1 and requests[0]["start_ms"] < flushes[0]["flush_ms"] < requests[1]["start_ms"]
+    assert _report(log)["findings"] == [] and _report(log)["flushes"] == 1
+    without = tmp_path / "without-flush.jsonl"
+    without.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    assert [f["pattern"] for f in _report(without)["findings"]] == ["evicted"]
