@@ -17,7 +17,7 @@ continuing chunked one waits (the adapter's `defer`), as under the short-first b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, MutableSequence
+from collections.abc import Hashable, Sequence
 
 from sglang_prefill_ext.runner.short_first import Need, PassCost, PassPlan, ShortFirst
 
@@ -39,41 +39,23 @@ class Goodput(ShortFirst):
         page_size: int,
         cost: PassCost | None = None,
     ) -> None:
+        # window -1: the budget is always active (`plan` still runs full chunks when nobody needs it)
         super().__init__(HEADROOM * tbt_target_ms, short_max_tokens, -1.0, min_long_chunk, page_size, cost)
         self.short_ttft_target_ms = short_ttft_target_ms
         self._seen: dict[Hashable, float] = {}
 
-    def select(
-        self, waiting: MutableSequence[Hashable], need: Callable[[Hashable], Need], now: float
-    ) -> list[Need]:
-        """Order the waiting short requests by deadline slack, the least first (slack only shrinks while
-        a request waits, so none starves), then move as many as fit one pass of the budget (the first
-        always) to the front of `waiting`; returns their needs."""
-        if not self.enabled:
-            return []
+    def _order(
+        self, shorts: list[tuple[Hashable, Need]], waiting: Sequence[Hashable], now: float
+    ) -> list[tuple[Hashable, Need]]:
+        """By deadline slack, the least first (slack only shrinks while a request waits, so none
+        starves); `select` then moves as many as fit one pass of the budget to the front."""
         self._seen = {item: self._seen.get(item, now) for item in waiting}
-        needs = {id(item): need(item) for item in waiting}
-        shorts = [item for item in waiting if self.is_short(needs[id(item)])]
-        shorts.sort(key=lambda item: self.slack_ms(self._seen[item], needs[id(item)], now))
-        left = self.budget_ms - self.cost.fixed_ms
-        chosen: list[Hashable] = []
-        for item in shorts:
-            ms = self.cost.variable_ms(needs[id(item)].tokens, needs[id(item)].context)
-            if chosen and ms > left:
-                break
-            left -= ms
-            chosen.append(item)
-        ids = {id(item) for item in chosen}
-        waiting[:] = chosen + [item for item in waiting if id(item) not in ids]
-        return [needs[id(item)] for item in chosen]
+        return sorted(shorts, key=lambda short: self.slack_ms(self._seen[short[0]], short[1], now))
 
     def slack_ms(self, seen: float, need: Need, now: float) -> float:
         """What is left of a short request's TTFT target after its wait and its own predicted pass."""
         own = self.cost.fixed_ms + self.cost.variable_ms(need.tokens, need.context)
         return self.short_ttft_target_ms - 1e3 * (now - seen) - own
-
-    def active(self, now: float) -> bool:
-        return self.enabled
 
     def plan(
         self,

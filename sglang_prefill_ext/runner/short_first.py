@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Hashable, MutableSequence
+from collections.abc import Callable, Hashable, MutableSequence, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,12 +125,12 @@ class ShortFirst:
         self, waiting: MutableSequence[Hashable], need: Callable[[Hashable], Need], now: float
     ) -> list[Need]:
         """Move the waiting short requests that fit in one pass of the budget together (the first
-        always) to the front of `waiting`, keeping their order; returns their needs. Seeing a short
+        always) to the front of `waiting`, in `_order`'s order; returns their needs. Seeing a short
         request starts or extends the short-traffic window."""
         if not self.enabled:
             return []
         needs = [(item, need(item)) for item in waiting]
-        shorts = [(item, n) for item, n in needs if self.is_short(n)]
+        shorts = self._order([(item, n) for item, n in needs if self.is_short(n)], waiting, now)
         if shorts:
             self._last_short = now
         left = self.budget_ms - self.cost.fixed_ms
@@ -145,6 +145,12 @@ class ShortFirst:
             ids = {id(item) for item, _ in chosen}
             waiting[:] = [item for item, _ in chosen] + [item for item in waiting if id(item) not in ids]
         return [n for _, n in chosen]
+
+    def _order(
+        self, shorts: list[tuple[Hashable, Need]], waiting: Sequence[Hashable], now: float
+    ) -> list[tuple[Hashable, Need]]:
+        """The order the waiting short requests go in: the queue's."""
+        return shorts
 
     def active(self, now: float) -> bool:
         """Within short traffic (always, with a negative window)."""
