@@ -1,7 +1,7 @@
 """Sparse vs dense long prefill attention on one GPU: times incl. scoring and planning, TFLOP/s, needles.
 
-    python -m bench.ops.ops_bench [--lens 8192 32768 65536 131072] [--backends auto fa2 triton]
-        [--scored-backends auto triton] [--json PATH] [--heads HQ HKV] [--per-query-head]
+    python -m bench.ops.ops_bench [--lens 8192 32768 65536 131072] [--backends auto fa2] [--json PATH]
+        [--heads HQ HKV] [--per-query-head]
 
 Shape: one request, 32 query / 8 KV heads, head_dim 128, bf16, causal; KV in a page-size-1 pool.
 Rows per length L:
@@ -9,17 +9,15 @@ Rows per length L:
   fi_dense  FlashInfer ragged prefill, dense causal (what SGLang runs for a fresh prompt)
   sparse_S  this package with scorer S (sampled: exact sampled query rows, block mass, coverage; pooled:
             mean Q . mean K, relative threshold; antidiagonal: strided antidiagonal sums, coverage;
-            with --per-query-head one selection per query head): score (Triton) + plan + attention,
-            once per kernel of --scored-backends on the same mask: a FlashInfer backend (plan: GPU
-            indices + FlashInfer's planner, with its public wrapper.plan timed alongside as
-            plan_public_ms) or triton (block_attention.py: plan on the device, no host step), on
-            synthetic topic-structured Q/K with planted needles, half of them a single key token
-            (density is a property of this data); shared_ms counts select + plan once per 30 layers,
-            as with --prefill-ext-sparse-per-layer off
-  rand_d_B  attention only over a random block mask of density d (diagonal kept), kernel B
-            (--backends): kernel speed vs density
-  chunk     the last 8K chunk over a 120K cached prefix: sparse (each scorer, each scored kernel) vs
-            FlashInfer paged dense prefill
+            with --per-query-head one selection per query head): score (Triton) + plan (GPU indices, FlashInfer planner)
+            + attention, with FlashInfer's public wrapper.plan on the same mask timed alongside
+            (plan_public_ms), on synthetic topic-structured Q/K with planted needles, half of them a
+            single key token (density is a property of this data); shared_ms counts select + plan once
+            per 30 layers, as with --prefill-ext-sparse-per-layer off
+  rand_d_B  attention only over a random block mask of density d (diagonal kept), FlashInfer backend B
+            (fa2 / fa3, --backends): kernel speed vs density
+  chunk     the last 8K chunk over a 120K cached prefix: sparse (each scorer) vs FlashInfer paged dense
+            prefill
 TFLOP/s counts the FLOPs each path executes (causal halves included); `ceiling` is a bf16 8K^3 matmul
 measured in the same run. Times are medians of CUDA-event timings after a warm-up.
 """
@@ -38,7 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from sglang_prefill_ext.ops import BlockLayout, BlockSparseAttention, SparsePrefill, SparseSettings
-from sglang_prefill_ext.ops.block_attention import TritonBlockAttention
 from sglang_prefill_ext.ops.plan import PlanIndices, build_plan_indices
 from sglang_prefill_ext.ops.settings import SCORERS
 
@@ -163,40 +160,22 @@ def host_ms(fn: Callable[[], object], reps: int = 3) -> float:
     return statistics.median(times)
 
 
-def engine(backend: str, workspace: torch.Tensor) -> BlockSparseAttention | TritonBlockAttention:
-    """The block-sparse kernel `backend` names: "triton" (ours) or a FlashInfer backend (auto, fa2, fa3)."""
-    return TritonBlockAttention() if backend == "triton" else BlockSparseAttention(workspace, backend)
+def plan_times(
+    sparse: SparsePrefill, mask: torch.Tensor, q: torch.Tensor, scale: float, locs: torch.Tensor
+) -> tuple[float, float]:
+    """Wall ms of index building + FlashInfer's public `plan`, then of `SparsePrefill.plan` (direct
+    planner call); the sparse path is left planned the direct way."""
+    layout = sparse.layout
+
+    def public() -> None:
+        indices = build_plan_indices(mask, layout, locs, HKV)
+        sparse.attention.plan(indices, HQ, mask.shape[0], D, q.dtype, scale, fast=False)
+
+    public_ms = host_ms(public)
+    return public_ms, host_ms(lambda: sparse.plan(mask, q, scale, num_kv_heads=HKV))
 
 
-def plan_and_run(
-    sparse: SparsePrefill,
-    mask: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    locs: torch.Tensor,
-    reps: int,
-) -> tuple[dict, torch.Tensor]:
-    """Wall ms of `SparsePrefill.plan` (FlashInfer: indices + direct planner call, with indices + its
-    public `plan` timed alongside as plan_public_ms), then the kernel's ms and output; left planned."""
-    times: dict = {"backend": sparse.attention.backend}
-    if isinstance(sparse.attention, BlockSparseAttention):
-
-        def public() -> None:
-            indices = build_plan_indices(mask, sparse.layout, locs, HKV)
-            sparse.attention.plan(indices, HQ, mask.shape[0], D, q.dtype, scale, fast=False)
-
-        times["plan_public_ms"] = host_ms(public)
-    times["plan_ms"] = host_ms(lambda: sparse.plan(mask, q, scale, num_kv_heads=HKV))
-    times["attn_ms"] = timed(lambda: sparse.attention.run(q, k, v), reps)
-    times["backend"] = sparse.attention.backend  # "auto" resolves at the first plan
-    return times, sparse.attention.run(q, k, v)
-
-
-def bench_length(
-    length: int, ceiling: float, workspace: torch.Tensor, backends: list[str], scored: list[str]
-) -> list[dict]:
+def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends: list[str]) -> list[dict]:
     reps = 10 if length <= 32768 else 3
     q, k, v, needles = structured_qkv(length, seed=length)
     rows: list[dict] = []
@@ -214,33 +193,36 @@ def bench_length(
     scale = D**-0.5
     causal_blocks = layout.num_rows * (layout.num_rows + 1) / 2
     for scorer in SCORERS:
-        sparse = SparsePrefill(scorer_settings(scorer), engine(scored[0], workspace))
+        sparse = SparsePrefill(scorer_settings(scorer), BlockSparseAttention(workspace, backends[0]))
         sparse.begin(layout, locs)
         select_ms = timed(lambda s=sparse: s.select(q, k, scale), reps)
         mask = sparse.select(q, k, scale)
-        flops = plan_flops(build_plan_indices(mask, layout, locs, HKV), mask.shape[0])
+        plan_public_ms, plan_ms = plan_times(sparse, mask, q, scale, locs)
+        indices = build_plan_indices(mask, layout, locs, HKV)
+        attn_ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
+        out = sparse.attention.run(q, k, v)
+        total = select_ms + plan_ms + attn_ms
         kept = kv_head_mask(mask)
         missed = [n for n in needles if not bool(kept[n[:3]])]
-        for backend in scored:
-            sparse.attention = engine(backend, workspace)
-            times, out = plan_and_run(sparse, mask, q, k, v, scale, locs, reps)
-            overhead = select_ms + times["plan_ms"]
-            rows.append(
-                dict(
-                    L=length,
-                    path=f"sparse_{scorer}",
-                    **times,
-                    ms=overhead + times["attn_ms"],
-                    select_ms=select_ms,
-                    shared_ms=times["attn_ms"] + overhead / SPARSE_LAYERS,
-                    density=float(mask.sum()) / causal_blocks / mask.shape[0],
-                    recall=1 - len(missed) / len(needles),
-                    missed=missed,
-                    rel_err=float((out.float() - dense_out.float()).norm() / dense_out.float().norm()),
-                    tflops=flops / times["attn_ms"] / 1e9,
-                    per_layer_overhead=overhead / times["attn_ms"],
-                )
+        rows.append(
+            dict(
+                L=length,
+                path=f"sparse_{scorer}",
+                backend=sparse.attention.backend,
+                ms=total,
+                select_ms=select_ms,
+                plan_ms=plan_ms,
+                plan_public_ms=plan_public_ms,
+                attn_ms=attn_ms,
+                shared_ms=attn_ms + (select_ms + plan_ms) / SPARSE_LAYERS,
+                density=float(mask.sum()) / causal_blocks / mask.shape[0],
+                recall=1 - len(missed) / len(needles),
+                missed=missed,
+                rel_err=float((out.float() - dense_out.float()).norm() / dense_out.float().norm()),
+                tflops=plan_flops(indices, mask.shape[0]) / attn_ms / 1e9,
+                per_layer_overhead=(select_ms + plan_ms) / attn_ms,
             )
+        )
     cols = torch.arange(layout.num_rows, device=DEV)
     causal = cols[None, :] <= cols[:, None]
     for density in (1.0, 0.1, 0.05):
@@ -248,7 +230,7 @@ def bench_length(
         rmask = (rand | (cols[None, :] == cols[:, None])) & causal
         flops = plan_flops(build_plan_indices(rmask, layout, locs), HKV)
         for backend in backends:
-            sparse = SparsePrefill(SparseSettings(), engine(backend, workspace))
+            sparse = SparsePrefill(SparseSettings(), BlockSparseAttention(workspace, backend))
             sparse.begin(layout, locs)
             sparse.plan(rmask, q, scale)
             ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
@@ -262,9 +244,7 @@ def bench_length(
     return rows
 
 
-def bench_chunk(
-    total: int, chunk: int, workspace: torch.Tensor, ceiling: float, scored: list[str]
-) -> list[dict]:
+def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float) -> list[dict]:
     """The last chunk of a long prompt over its cached prefix, as chunked prefill runs it."""
     from flashinfer import BatchPrefillWithPagedKVCacheWrapper
 
@@ -295,28 +275,30 @@ def bench_chunk(
         )
     ]
     locs = torch.arange(total, device=DEV)
-    layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV)
     for scorer in SCORERS:
-        sparse = SparsePrefill(scorer_settings(scorer), engine(scored[0], workspace))
+        sparse = SparsePrefill(scorer_settings(scorer), BlockSparseAttention(workspace))
+        layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV)
         sparse.begin(layout, locs)
         select_ms = timed(lambda s=sparse: s.select(q_chunk, k, scale), 5)
         mask = sparse.select(q_chunk, k, scale)
+        plan_public_ms, plan_ms = plan_times(sparse, mask, q_chunk, scale, locs)
+        attn_ms = timed(lambda s=sparse: s.attention.run(q_chunk, k, v), 5)
         flops = plan_flops(build_plan_indices(mask, layout, locs, HKV), mask.shape[0])
-        for backend in scored:
-            sparse.attention = engine(backend, workspace)
-            times, _ = plan_and_run(sparse, mask, q_chunk, k, v, scale, locs, 5)
-            rows.append(
-                dict(
-                    L=total,
-                    path=f"chunk{chunk // 1024}K_{scorer}",
-                    **times,
-                    ms=select_ms + times["plan_ms"] + times["attn_ms"],
-                    select_ms=select_ms,
-                    tflops=flops / times["attn_ms"] / 1e9,
-                    density=float(mask.sum())
-                    / (mask.shape[0] * layout.num_rows * (prefix // BLOCK + layout.num_rows / 2)),
-                )
+        rows.append(
+            dict(
+                L=total,
+                path=f"chunk{chunk // 1024}K_{scorer}",
+                backend=sparse.attention.backend,
+                ms=select_ms + plan_ms + attn_ms,
+                select_ms=select_ms,
+                plan_ms=plan_ms,
+                plan_public_ms=plan_public_ms,
+                attn_ms=attn_ms,
+                tflops=flops / attn_ms / 1e9,
+                density=float(mask.sum())
+                / (mask.shape[0] * layout.num_rows * (prefix // BLOCK + layout.num_rows / 2)),
             )
+        )
     for row in rows:
         row["vs_sdpa"] = rows[0]["ms"] / row["ms"]  # here: vs FlashInfer paged dense
         row["pct_ceiling"] = 100 * row["tflops"] / ceiling
@@ -359,12 +341,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8192)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
-        "--backends", nargs="+", default=["auto", "fa2", "triton"],
-        help="block-sparse kernels of the random-mask rows: FlashInfer backends (auto, fa2, fa3) or triton (ours)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--scored-backends", nargs="+", default=["auto", "triton"],
-        help="block-sparse kernels each scored and chunk row runs, on the same mask",
+        "--backends", nargs="+", default=["auto", "fa2"],
+        help="FlashInfer backends of the sparse kernel: the first runs the scored rows, all run the random-mask rows",
     )  # fmt: skip
     parser.add_argument(
         "--heads", type=int, nargs=2, default=[HQ, HKV], metavar=("HQ", "HKV"),
@@ -379,10 +357,10 @@ def main() -> None:
     ceiling = matmul_ceiling()
     rows: list[dict] = []
     for length in args.lens:
-        rows += bench_length(length, ceiling, workspace, args.backends, args.scored_backends)
+        rows += bench_length(length, ceiling, workspace, args.backends)
         print(json.dumps([r for r in rows if r["L"] == length]), flush=True)
         torch.cuda.empty_cache()
-    rows += bench_chunk(max(args.lens), args.chunk, workspace, ceiling, args.scored_backends)
+    rows += bench_chunk(max(args.lens), args.chunk, workspace, ceiling)
     info = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, ceiling_tflops=ceiling, heads=[HQ, HKV],
         per_query_head=PER_QUERY_HEAD, rows=rows,

@@ -14,8 +14,7 @@ import warnings
 
 import torch
 
-from .layout import BlockLayout
-from .plan import PlanIndices, build_plan_indices, one_segment_indices
+from .plan import PlanIndices, one_segment_indices
 
 
 def to_head_major(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -102,20 +101,6 @@ class BlockSparseAttention:
                 self._plan_public(one_segment_indices(self._wrapper.device), signature)
             self._plan_direct(indices, signature[0], head_dim)
         self._signature = signature
-
-    def plan_mask(
-        self,
-        mask: torch.Tensor,
-        layout: BlockLayout,
-        locs: torch.Tensor,
-        q: torch.Tensor,
-        sm_scale: float,
-        logits_soft_cap: float = 0.0,
-        num_kv_heads: int | None = None,
-    ) -> None:
-        """Plan a kept-block mask [Hm, R, C] over context slots `locs` (see plan.py) for queries like `q`."""
-        indices = build_plan_indices(mask, layout, locs, num_kv_heads)
-        self.plan(indices, q.shape[1], mask.shape[0], q.shape[2], q.dtype, sm_scale, logits_soft_cap)
 
     def _plan_public(
         self, indices: PlanIndices, signature: tuple[int, int, torch.dtype, float, float]

@@ -38,7 +38,6 @@ class BlockLayout:
     row_block: torch.Tensor  # [R] absolute block index of each row block
     row_q_start: torch.Tensor  # [R]
     row_q_len: torch.Tensor  # [R]
-    row_q_pos: torch.Tensor  # [R] absolute position of each row block's first query
     req_key_offset: torch.Tensor  # [B]
     req_num_key_blocks: torch.Tensor  # [B]
     req_ctx_len: torch.Tensor  # [B] prefix + new tokens
@@ -82,7 +81,7 @@ class BlockLayout:
             q_lo = torch.clamp(blocks * bsz, min=p)
             q_hi = torch.clamp((blocks + 1) * bsz, max=ctx)
             rows.append(
-                torch.stack([torch.full_like(blocks, b), blocks, q_offset + q_lo - p, q_hi - q_lo, q_lo], 1)
+                torch.stack([torch.full_like(blocks, b), blocks, q_offset + q_lo - p, q_hi - q_lo], 1)
             )
             num_keys = (ctx - 1) // bsz + 1
             k_lo = torch.arange(num_keys) * bsz
@@ -110,7 +109,6 @@ class BlockLayout:
             row_block=dev(row[:, 1]),
             row_q_start=dev(row[:, 2]),
             row_q_len=dev(row[:, 3]),
-            row_q_pos=dev(row[:, 4]),
             req_key_offset=dev(req[:, 0]),
             req_num_key_blocks=dev(req[:, 1]),
             req_ctx_len=dev(req[:, 2]),

@@ -7,7 +7,6 @@ import math
 from typing import Any
 
 SCORERS = ("hybrid", "sampled", "pooled", "antidiagonal")
-KERNELS = ("triton", "flashinfer")
 
 
 def _setting(default: object, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -69,13 +68,6 @@ class SparseSettings:
     last_blocks: int = _setting(
         1, "The last N query blocks of each request's extend attend densely (e.g. the question at the end)."
     )
-    kernel: str = _setting(
-        "triton",
-        "The block-sparse attention kernel: triton (block_attention.py: reads the kept-block mask on the "
-        "device, no host step per layer) or flashinfer (FlashInfer's paged prefill over the kept blocks' "
-        "token indices, planned on the host per layer).",
-        KERNELS,
-    )
     per_query_head: bool = _setting(
         False,
         "Select key blocks per query head (each query head its own sampled mass and pooled score, one query "
@@ -91,8 +83,6 @@ class SparseSettings:
             raise ValueError(f"mass must lie in [0, 1], got {self.mass}")
         if self.samples < 1:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
-        if self.kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
         if self.stride <= 0 or self.stride & (self.stride - 1):
             raise ValueError(f"stride must be a power of two, got {self.stride}")
         if self.scorer == "antidiagonal" and self.block_size % self.stride:

@@ -3,7 +3,7 @@
 `begin` takes the batch's layout and KV slots once per forward. `attend` of a layer is the policy the
 server and the accuracy bench both run: it scores that layer's queries against the context's keys
 (sampled rows and/or pooled blocks, or antidiagonal sums), selects the kept blocks (per KV head, or per query head with
-`settings.per_query_head`), plans the kernel `settings.kernel` names and runs; with `per_layer=False` a later layer reuses the
+`settings.per_query_head`), plans FlashInfer and runs; with `per_layer=False` a later layer reuses the
 plan and only runs the attention (one selection and one plan per forward); a first layout denser than
 `max_density` is declined (None: the caller's dense attention runs from that layer on).
 """
@@ -14,8 +14,8 @@ import torch
 
 from .antidiagonal import antidiagonal_mass
 from .attention import BlockSparseAttention
-from .block_attention import TritonBlockAttention
 from .layout import BlockLayout
+from .plan import build_plan_indices
 from .pooling import key_segments, pool_keys, pool_queries
 from .sampled import SampleGeometry, block_mass, sample_geometry
 from .scoring import select_blocks, select_by_mass
@@ -23,9 +23,7 @@ from .settings import SparseSettings
 
 
 class SparsePrefill:
-    def __init__(
-        self, settings: SparseSettings, attention: BlockSparseAttention | TritonBlockAttention
-    ) -> None:
+    def __init__(self, settings: SparseSettings, attention: BlockSparseAttention) -> None:
         self.settings = settings
         self.attention = attention
         self._layout: BlockLayout | None = None
@@ -33,13 +31,6 @@ class SparsePrefill:
         self._geometry: SampleGeometry | None = None  # the sampled scorer's, per layout
         self.planned = False
         self.mask: torch.Tensor | None = None
-
-    @classmethod
-    def create(cls, settings: SparseSettings, workspace: torch.Tensor) -> SparsePrefill:
-        """On `settings.kernel`; `workspace`: FlashInfer's float workspace (unused by the Triton kernel)."""
-        if settings.kernel == "flashinfer":
-            return cls(settings, BlockSparseAttention(workspace))
-        return cls(settings, TritonBlockAttention())
 
     def begin(self, layout: BlockLayout, locs: torch.Tensor) -> None:
         """Start a forward over `layout`, whose context positions live in KV slots `locs`."""
@@ -98,7 +89,11 @@ class SparsePrefill:
         num_kv_heads: int | None = None,
     ) -> None:
         """Plan `mask` [Hm, R, C] (Hm: the pool's `num_kv_heads`, the default, or the query heads)."""
-        self.attention.plan_mask(mask, self.layout, self._locs, q, sm_scale, logits_soft_cap, num_kv_heads)
+        num_mask_heads = mask.shape[0]
+        indices = build_plan_indices(mask, self.layout, self._locs, num_kv_heads)
+        self.attention.plan(
+            indices, q.shape[1], num_mask_heads, q.shape[2], q.dtype, sm_scale, logits_soft_cap
+        )
         self.mask = mask
         self.planned = True
 

@@ -4,7 +4,7 @@ A plain extend batch with a request of at least `sparse_min_len` tokens (prefix 
 least `sparse_min_extend` new ones goes sparse (a cache hit over a long prefix is not worth a plan):
 its first `sparse_dense_layers` layers run the backend's own attention; every later layer writes its K/V
 to the pool as the backend does, then attends over the pool through the block-sparse layout (prefix and
-chunk alike, see `sglang_prefill_ext.ops.layout`) on the block-sparse kernel `--prefill-ext-sparse-kernel` names. The pool is the
+chunk alike, see `sglang_prefill_ext.ops.layout`) on FlashInfer's paged prefill kernel. The pool is the
 same for both backends (`[slots, Hkv, D]` per layer, slots from `req_to_token`), whatever the page size.
 By default every sparse layer scores and plans its own layout; with `sparse_per_layer` off the first
 sparse layer's layout is shared by all later layers.
@@ -29,6 +29,7 @@ from sglang_prefill_ext.adapters.v0_5_17.extend_path import BatchLens, ExtendHos
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.ops import (
     BlockLayout,
+    BlockSparseAttention,
     SparsePrefill,
     context_locs,
 )
@@ -49,7 +50,8 @@ class SparseExtend(ExtendPath):
     @classmethod
     def build(cls, host: ExtendHost, config: PrefillExtConfig, workspace: torch.Tensor) -> SparseExtend:
         """The path over `host`'s KV pool; `workspace`: FlashInfer's float workspace for the plans."""
-        return cls(host, config, SparsePrefill.create(config.sparse_settings, workspace))
+        attention = BlockSparseAttention(workspace)
+        return cls(host, config, SparsePrefill(config.sparse_settings, attention))
 
     def _takes(self, lens: BatchLens) -> bool:
         config = self._config
