@@ -51,7 +51,7 @@ def test_every_block_kept_gives_dense_logits(bench: ModuleType, model) -> None:
 
     tokens = torch.randint(0, 128, (1, LENGTH))
     dense = _logits(model, tokens, "test_exact", bench.exact_attention)
-    settings = SparseSettings(block_size=BLOCK, scorer="pooled", threshold=0.0)
+    settings = SparseSettings(block_size=BLOCK, scorer="pooled", threshold=0.0, per_query_head=False)
     attention = bench.SparseAttention(SparsePrefill(settings, None), 1, per_layer=True, emulate=True)
     sparse = _logits(model, tokens, "test_sparse", attention)
     torch.testing.assert_close(sparse, dense, atol=1e-5, rtol=1e-5)

@@ -76,10 +76,11 @@ def matmul_ceiling() -> float:
     return 2 * 8192**3 / ms / 1e9
 
 
-def causal_flops(q_len: int, kv_len: int, num_qo_heads: int = HQ) -> float:
-    """FLOPs of causal attention of q_len queries ending at kv_len keys (QK^T and PV)."""
+def causal_flops(q_len: int, kv_len: int) -> float:
+    """FLOPs of causal attention of q_len queries ending at kv_len keys (QK^T and PV), HQ query heads (read at
+    call time: --heads sets it)."""
     pairs = q_len * kv_len - q_len * (q_len - 1) / 2
-    return 4.0 * D * num_qo_heads * pairs
+    return 4.0 * D * HQ * pairs
 
 
 def plan_flops(indices: PlanIndices, mask_heads: int) -> float:

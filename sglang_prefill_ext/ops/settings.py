@@ -32,7 +32,7 @@ class SparseSettings:
 
     block_size: int = _setting(128, "Tokens per query/key block of the sparse layout.")
     scorer: str = _setting(
-        "hybrid",
+        "antidiagonal",
         "Which key blocks a query block keeps besides sinks, local window and last rows: pooled (the "
         "dot product of mean query and mean key per block pair, within --prefill-ext-sparse-threshold of "
         "the row's best), sampled (--prefill-ext-sparse-samples exact query rows per block and head attend "
@@ -43,7 +43,7 @@ class SparseSettings:
         SCORERS,
     )
     mass: float = _setting(
-        0.95,
+        0.8,
         "Sampled and antidiagonal scorers: the fraction of each query block's estimated attention (per query "
         "head, or the mean over its KV head's query heads) the kept blocks must hold, largest first; 1 keeps "
         "them all.",
@@ -52,7 +52,7 @@ class SparseSettings:
         2, "Sampled scorer: query rows sampled per query block (its last, then evenly back to its first)."
     )
     stride: int = _setting(
-        8,
+        16,
         "Antidiagonal scorer: query and key positions packed per antidiagonal (a power of two dividing the "
         "block size); the scoring matmul costs 1/stride of QK^T.",
     )
@@ -69,7 +69,7 @@ class SparseSettings:
         1, "The last N query blocks of each request's extend attend densely (e.g. the question at the end)."
     )
     per_query_head: bool = _setting(
-        False,
+        True,
         "Select key blocks per query head (each query head its own sampled mass and pooled score, one query "
         "head per FlashInfer segment) instead of one set per KV head shared by its query heads.",
     )

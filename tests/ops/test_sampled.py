@@ -121,7 +121,9 @@ def test_the_kernel_geometry_is_built_once_per_layout_and_shared_by_layers() -> 
     from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
 
     layout, q, k_buffer, locs = _batch((8, 2), 32, [16 * 3, 0], [16 * 7, 50], seed=2)
-    sparse = SparsePrefill(SparseSettings(block_size=BLOCK, scorer="sampled", samples=2), None)
+    sparse = SparsePrefill(
+        SparseSettings(block_size=BLOCK, scorer="sampled", samples=2, per_query_head=False), None
+    )
     sparse.begin(layout, locs)
     first = sparse.select(q, k_buffer, 0.2)
     geometry = sparse._geometry

@@ -63,7 +63,9 @@ def test_a_kv_heads_blocks_are_the_union_of_its_query_heads() -> None:
     union of the per-query-head masks."""
     heads = (8, 2)
     layout, qpool, kpool = _pooled(heads, 32, [0, 37], [90, 60])
-    base = SparseSettings(block_size=BLOCK, threshold=0.2, sink_blocks=0, local_blocks=1, last_blocks=0)
+    base = SparseSettings(
+        block_size=BLOCK, threshold=0.2, sink_blocks=0, local_blocks=1, last_blocks=0, per_query_head=False
+    )
     per_q = select_blocks_torch(qpool, kpool, layout, dataclasses.replace(base, per_query_head=True), 0.3)
     per_kv = select_blocks_torch(qpool, kpool, layout, base, 0.3)
     assert torch.equal(per_kv, per_q.view(heads[1], -1, *per_q.shape[1:]).any(1))
@@ -141,7 +143,7 @@ def test_a_layout_denser_than_the_limit_is_declined_before_planning() -> None:
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(layout.num_tokens, 4, 32, generator=gen)
     k_pool = torch.randn(layout.num_context_tokens, 2, 32, generator=gen)
-    sparse = SparsePrefill(SparseSettings(block_size=BLOCK, threshold=0.0), attention=None)
+    sparse = SparsePrefill(SparseSettings(block_size=BLOCK, scorer="pooled", threshold=0.0), attention=None)
     sparse.begin(layout, torch.arange(layout.num_context_tokens))
     assert not sparse.select_and_plan(q, k_pool, 32**-0.5, max_density=0.5)
     assert not sparse.planned
