@@ -10,7 +10,7 @@ import pytest
 
 from sglang_prefill_ext.config import OptionError, PrefillExtConfig
 from sglang_prefill_ext.runner.goodput import HEADROOM, Goodput
-from sglang_prefill_ext.runner.short_first import Need, PassCost
+from sglang_prefill_ext.runner.short_first import Need, PassCost, PassPlan
 from tests.runner.conftest import ported
 
 COST = PassCost()
@@ -39,6 +39,20 @@ def test_a_lone_prompt_gets_full_chunks_and_riding_decodes_a_budgeted_pass() -> 
     assert plan.budgeted and plan.long_cap == plan.chunk < 8192
     predicted = COST.fixed_ms + COST.variable_ms(8, 0) + COST.variable_ms(plan.long_cap, long.context)
     assert predicted <= HEADROOM * 100.0 < predicted + COST.variable_ms(1, long.context + plan.long_cap) * 64
+
+
+def test_short_requests_alone_with_nobody_decoding_are_packed_as_stock_packs_them() -> None:
+    """A burst's followers over a cached prefix: no long prompt and no decode to protect, so SGLang's
+    chunk; the same shorts beside a long prompt's chunk, or with decodes riding, get the budget."""
+    goodput = policy()
+    followers = [Need(512, 32768)] * 3
+    assert goodput.plan(8192, 0.0, followers, Need(512, 32768), continuing=False) == PassPlan(8192)
+    assert goodput.plan(8192, 0.0, followers, None, continuing=False) == PassPlan(8192)
+    assert goodput.plan(8192, 0.0, followers, Need(30000, 0), continuing=False).budgeted
+    assert goodput.plan(8192, 0.0, followers, Need(30000, 2000), continuing=True).budgeted
+    # the chunked prompt's last 512 tokens beside them (the burst's leader): a short pass as well
+    assert goodput.plan(8192, 0.0, followers, Need(512, 32768), continuing=True) == PassPlan(8192)
+    assert goodput.plan(8192, 0.0, followers, None, continuing=False, riding=4).budgeted
 
 
 def test_config_refuses_two_pass_budgets() -> None:
@@ -124,3 +138,18 @@ def test_a_lone_prompt_is_chunked_as_on_stock(replay: ModuleType, mixed: ModuleT
     result = mixed.run_timed(trace, replay.ReplayConfig(ext=True, extra_args=GOODPUT, **common), COST)
     assert result.chunks == stock.chunks == {"long0": 3}
     assert result.ttft_ms == stock.ttft_ms
+
+
+@ported("tbt_target_ms")
+def test_a_burst_over_a_shared_prefix_is_packed_as_on_stock(replay: ModuleType, mixed: ModuleType) -> None:
+    """16 x (32K shared + 512 own), nobody decoding: the followers go in one pass beside the leader's
+    last chunk, as on stock (a budget there cost 5 more passes: the H200's 1.64 -> 1.78 s)."""
+    trace = [mixed.Arrival(0.0, req, "short") for req in replay.burst(16, 32768, 512)]
+    common = {"chunked_prefill_size": 8192, "pool_tokens": 1 << 19, "overlap": True}
+    stock = mixed.run_timed(trace, replay.ReplayConfig(ext=False, **common), COST)
+    result = mixed.run_timed(
+        trace, replay.ReplayConfig(ext=True, extra_args=GOODPUT, **common), COST, check_kv=True
+    )
+    assert result.kv_errors == []
+    assert result.passes == stock.passes
+    assert max(result.ttft_ms.values()) <= max(stock.ttft_ms.values())
