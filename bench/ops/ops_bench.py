@@ -10,8 +10,7 @@ Rows per length L:
   sparse_S  this package with scorer S (sampled: exact sampled query rows, block mass, coverage; pooled:
             mean Q . mean K, relative threshold; antidiagonal: strided antidiagonal sums, coverage;
             with --per-query-head one selection per query head): score (Triton) + plan (GPU indices, FlashInfer planner)
-            + attention, with FlashInfer's public wrapper.plan on the same mask timed alongside
-            (plan_public_ms), on synthetic topic-structured Q/K with planted needles, half of them a
+            + attention, with the index building alone timed alongside (indices_ms), on synthetic topic-structured Q/K with planted needles, half of them a
             single key token (density is a property of this data); shared_ms counts select + plan once
             per 30 layers, as with --prefill-ext-sparse-per-layer off
   rand_d_B  attention only over a random block mask of density d (diagonal kept), FlashInfer backend B
@@ -164,16 +163,11 @@ def host_ms(fn: Callable[[], object], reps: int = 3) -> float:
 def plan_times(
     sparse: SparsePrefill, mask: torch.Tensor, q: torch.Tensor, scale: float, locs: torch.Tensor
 ) -> tuple[float, float]:
-    """Wall ms of index building + FlashInfer's public `plan`, then of `SparsePrefill.plan` (direct
-    planner call); the sparse path is left planned the direct way."""
-    layout = sparse.layout
-
-    def public() -> None:
-        indices = build_plan_indices(mask, layout, locs, HKV)
-        sparse.attention.plan(indices, HQ, mask.shape[0], D, q.dtype, scale, fast=False)
-
-    public_ms = host_ms(public)
-    return public_ms, host_ms(lambda: sparse.plan(mask, q, scale, num_kv_heads=HKV))
+    """Wall ms of the index building alone (`build_plan_indices`: the mask's nonzero, the kv_indptr
+    read-back, the token-index expansion), then of the whole `SparsePrefill.plan` (those indices and
+    FlashInfer's planner call); the sparse path is left planned."""
+    indices_ms = host_ms(lambda: build_plan_indices(mask, sparse.layout, locs, HKV))
+    return indices_ms, host_ms(lambda: sparse.plan(mask, q, scale, num_kv_heads=HKV))
 
 
 def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends: list[str]) -> list[dict]:
@@ -198,7 +192,7 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
         sparse.begin(layout, locs)
         select_ms = timed(lambda s=sparse: s.select(q, k, scale), reps)
         mask = sparse.select(q, k, scale)
-        plan_public_ms, plan_ms = plan_times(sparse, mask, q, scale, locs)
+        indices_ms, plan_ms = plan_times(sparse, mask, q, scale, locs)
         indices = build_plan_indices(mask, layout, locs, HKV)
         attn_ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
         out = sparse.attention.run(q, k, v)
@@ -213,7 +207,7 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
                 ms=total,
                 select_ms=select_ms,
                 plan_ms=plan_ms,
-                plan_public_ms=plan_public_ms,
+                indices_ms=indices_ms,
                 attn_ms=attn_ms,
                 shared_ms=attn_ms + (select_ms + plan_ms) / SPARSE_LAYERS,
                 density=float(mask.sum()) / causal_blocks / mask.shape[0],
@@ -282,7 +276,7 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
         sparse.begin(layout, locs)
         select_ms = timed(lambda s=sparse: s.select(q_chunk, k, scale), 5)
         mask = sparse.select(q_chunk, k, scale)
-        plan_public_ms, plan_ms = plan_times(sparse, mask, q_chunk, scale, locs)
+        indices_ms, plan_ms = plan_times(sparse, mask, q_chunk, scale, locs)
         attn_ms = timed(lambda s=sparse: s.attention.run(q_chunk, k, v), 5)
         flops = plan_flops(build_plan_indices(mask, layout, locs, HKV), mask.shape[0])
         rows.append(
@@ -293,7 +287,7 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
                 ms=select_ms + plan_ms + attn_ms,
                 select_ms=select_ms,
                 plan_ms=plan_ms,
-                plan_public_ms=plan_public_ms,
+                indices_ms=indices_ms,
                 attn_ms=attn_ms,
                 tflops=flops / attn_ms / 1e9,
                 density=float(mask.sum())
@@ -307,7 +301,7 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
 
 
 COLUMNS = (
-    "L path backend ms select_ms plan_ms plan_public_ms attn_ms per_layer_overhead vs_sdpa shared_ms vs_sdpa_shared "
+    "L path backend ms select_ms plan_ms indices_ms attn_ms per_layer_overhead vs_sdpa shared_ms vs_sdpa_shared "
     "tflops pct_ceiling density recall rel_err"
 )
 
@@ -329,8 +323,8 @@ def table(rows: list[dict], ceiling: float) -> str:
         f"shared_ms: attention + (select + plan) / {SPARSE_LAYERS}, one layout shared by {SPARSE_LAYERS} layers."
     )
     lines.append(
-        "plan_ms: indices + direct FlashInfer planner call (what runs); plan_public_ms: indices + "
-        "FlashInfer's public wrapper.plan on the same mask (the path before 2026-11-29's fix)."
+        "plan_ms: indices + direct FlashInfer planner call (what runs); indices_ms: the index building "
+        "alone (nonzero, kv_indptr read-back, token-index expansion), the rest of plan_ms is the planner."
     )
     return "\n".join(lines)
 
