@@ -175,11 +175,12 @@ class PrefillExtConfig:
     tbt_target_ms: float = _option(
         0.0,
         "Goodput scheduling (runner/goodput.py): decodes ride every prefill pass (SGLang's mixed chunk, "
-        "turned on by this flag) and, while a request decodes or a short one waits, each pass is held to "
-        "a predicted forward time (--prefill-ext-pass-cost) of 0.75 x this target, so every decoding "
-        "request gets a token about this often; waiting short requests go first by deadline slack "
-        "(--prefill-ext-short-ttft-target-ms), the chunked long prompt takes what is left; with nobody "
-        "decoding or waiting, SGLang's full chunks. 0: off. Not with --prefill-ext-pass-budget-ms.",
+        "turned on by this flag) and, while a request decodes or a short one waits beside a long prompt's "
+        "chunk, each pass is held to a predicted forward time (--prefill-ext-pass-cost) of 0.75 x this "
+        "target, so every decoding request gets a token about this often; waiting short requests go first "
+        "by deadline slack (--prefill-ext-short-ttft-target-ms), the chunked long prompt takes what is left; "
+        "otherwise SGLang's full chunks (a lone prompt, or a burst of short ones with nobody decoding, runs "
+        "as on stock). 0: off. Not with --prefill-ext-pass-budget-ms.",
         check=_non_negative,
     )
     short_ttft_target_ms: float = _option(

@@ -29,7 +29,7 @@ transformers 5.17 with the gguf 0.19.0 wheel from the wheelhouse (bench/gpu/run_
 Qwen2.5-Coder to the H200 (README "GPU runs" has the device calls):
   here:  python3 scripts/models/model_parts.py fetch --model qwen-coder --dest .gpu/qwen-src
          python3 scripts/models/model_parts.py split .gpu/qwen-src/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
-             --parts-dir .gpu/qwen --max-mib 57
+             --parts-dir .gpu/qwen --max-mib 54
   host:  one call per .gpu/qwen/pNN: stash --parts-dir .gpu/qwen/pNN --to /tmp/qwen-parts; then join + convert
 """
 
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("split", help="cut a file into parts (one folder each) with a SHA-256 manifest")
     s.add_argument("file")
     s.add_argument("--parts-dir", required=True)
-    s.add_argument("--max-mib", type=float, default=57.0)
+    s.add_argument("--max-mib", type=float, default=54.0)
     st = sub.add_parser("stash", help="copy carried parts out of the repo tree")
     st.add_argument("--parts-dir", required=True)
     st.add_argument("--to", required=True)
