@@ -207,7 +207,8 @@ class PrefillExtConfig:
         PassCost(),
         "The forward-time model of a prefill pass, FIXED_MS,TOKEN_US,PAIR_PS: a fixed cost, a cost per new "
         "token and one per (new token, context token) pair of causal attention, fitted on the H200 for the "
-        "8B shape on fa3; refit for another model or GPU from --prefill-ext-pass-log.",
+        "8B shape on fa3; refit for another model or GPU from a stock run's single-prompt TTFTs with "
+        "python -m bench.serving.fit_pass_cost.",
         check=PassCost.parse,
     )
     sparse: bool = _option(
