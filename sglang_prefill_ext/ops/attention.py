@@ -75,6 +75,7 @@ class BlockSparseAttention:
         self._wrapper = BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
         self._num_kv_heads = 0
         self._signature: tuple[int, int, torch.dtype, float, float] | None = None
+        self._reusable = False  # planned by fa2 with the KV split off: `use_indices` may swap the indices
 
     @property
     def backend(self) -> str:
@@ -91,7 +92,13 @@ class BlockSparseAttention:
         sm_scale: float,
         logits_soft_cap: float = 0.0,
         fast: bool = True,
+        split_kv: bool = True,
     ) -> None:
+        """`split_kv=False` (fa2 only, direct planning): one CTA per segment's query tile over the segment's
+        whole KV range, which fa2's kernel reads from the device indptr at run time, so the plan holds for
+        any later indices with the same query rows (`use_indices`)."""
+        if not split_kv and self.backend != "fa2":
+            raise ValueError(f"split_kv=False needs FlashInfer's fa2 backend, not {self.backend}")
         self._num_kv_heads = num_kv_heads
         signature = (num_qo_heads // num_kv_heads, head_dim, dtype, sm_scale, logits_soft_cap)
         if not fast or not direct_planning_supported():
@@ -99,8 +106,9 @@ class BlockSparseAttention:
         else:
             if signature != self._signature:
                 self._plan_public(one_segment_indices(self._wrapper.device), signature)
-            self._plan_direct(indices, signature[0], head_dim)
+            self._plan_direct(indices, signature[0], head_dim, split_kv)
         self._signature = signature
+        self._reusable = not split_kv and fast and direct_planning_supported()
 
     def _plan_public(
         self, indices: PlanIndices, signature: tuple[int, int, torch.dtype, float, float]
@@ -122,7 +130,7 @@ class BlockSparseAttention:
             kv_data_type=dtype,
         )
 
-    def _plan_direct(self, indices: PlanIndices, group: int, head_dim: int) -> None:
+    def _plan_direct(self, indices: PlanIndices, group: int, head_dim: int, split_kv: bool = True) -> None:
         """What the wrapper's `plan` does for a causal, page-size-1, non-graph fa2/fa3 batch, vectorised."""
         wrapper = self._wrapper
         if wrapper._backend not in ("fa2", "fa3") or wrapper.is_cuda_graph_enabled:
@@ -161,8 +169,19 @@ class BlockSparseAttention:
             -1,  # window_left
         ]
         if wrapper._backend == "fa2":
-            args += [-1, False, 0]  # fixed_split_size, disable_split_kv, num_colocated_ctas
+            args += [-1, not split_kv, 0]  # fixed_split_size, disable_split_kv, num_colocated_ctas
         wrapper._plan_info = wrapper._cached_module.plan(*args)
+
+    def use_indices(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> None:
+        """Run the current plan over other kept blocks with the same segments (`plan.device_plan_indices`:
+        device kv_indptr [segments + 1], kv_indices): no host step. Needs a plan made with split_kv=False."""
+        if not self._reusable:
+            raise RuntimeError("use_indices needs a plan made with split_kv=False (fa2, direct planning)")
+        wrapper = self._wrapper
+        segments = kv_indptr.numel() - 1
+        wrapper._paged_kv_indptr_buf = kv_indptr
+        wrapper._paged_kv_indices_buf = kv_indices
+        wrapper._kv_lens_buffer[:segments].copy_(kv_indptr[1:] - kv_indptr[:-1], non_blocking=True)
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
         """q [N, Hq, D]; k/v_buffer: the layer's KV pool [T, Hkv, D]; returns [N, Hq, D]."""

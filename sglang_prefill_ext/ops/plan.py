@@ -70,8 +70,10 @@ class BlockRuns:
     block_size: int
 
 
-def expand_blocks_triton(runs: BlockRuns) -> torch.Tensor:
-    out = torch.empty(runs.total, dtype=torch.int32, device=runs.locs.device)
+def expand_blocks_triton(runs: BlockRuns, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Into `out` (at least `runs.total` int32 entries; default a new tensor of exactly that many)."""
+    if out is None:
+        out = torch.empty(runs.total, dtype=torch.int32, device=runs.locs.device)
     if runs.start.numel():
         _expand_kernel[(runs.start.numel(),)](
             runs.locs,
@@ -127,3 +129,61 @@ def build_plan_indices(
     starts = layout.row_q_start_host.long()
     qo = torch.cat([h * n + starts for h in range(num_mask_heads)] + [torch.tensor([num_mask_heads * n])])
     return PlanIndices(qo.to(torch.int32), kv_indptr, kv_indices)
+
+
+def device_plan_indices(
+    mask: torch.Tensor,
+    layout: BlockLayout,
+    locs: torch.Tensor,
+    num_kv_heads: int | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`build_plan_indices`' kv_indptr and kv_indices with no host step: every (mask head, row, column) is a
+    run, empty where the mask drops it, so no `nonzero` and no read-back. Returns kv_indptr [Hm*R + 1] int32
+    on the device and `out` (kv_indices from entry 0; default: a buffer for every causal block of every
+    mask head, `causal_tokens`), whose entries past kv_indptr[-1] are left as they were. On CPU tensors
+    without Triton's interpreter the expansion is torch's, which reads the total back."""
+    num_mask_heads, num_rows, num_cols = mask.shape
+    num_kv_heads = num_kv_heads or num_mask_heads
+    cols = torch.arange(num_cols, device=mask.device)
+    key = (layout.req_key_offset[layout.row_req.long()].long()[:, None] + cols[None, :]).clamp_max(
+        layout.num_key_blocks - 1
+    )
+    length = torch.where(mask, layout.key_len[key].long()[None], 0).reshape(-1)
+    ends = torch.cumsum(length, 0)
+    kv_indptr = torch.zeros(num_mask_heads * num_rows + 1, dtype=torch.int32, device=mask.device)
+    kv_indptr[1:] = ends.view(num_mask_heads * num_rows, num_cols)[:, -1]
+    heads = torch.arange(num_mask_heads, device=mask.device) // (num_mask_heads // num_kv_heads)
+    runs = BlockRuns(
+        locs,
+        layout.key_tok_start[key].expand(num_mask_heads, -1, -1).reshape(-1),
+        length,
+        ends - length,
+        heads.repeat_interleave(num_rows * num_cols),
+        num_kv_heads,
+        0,
+        layout.block_size,
+    )
+    if not triton_enabled(mask):
+        runs = dataclasses.replace(runs, total=int(ends[-1]))
+        indices = expand_blocks_torch(runs)
+        if out is None:
+            return kv_indptr, indices
+        out[: indices.numel()] = indices
+        return kv_indptr, out
+    if out is None:
+        out = torch.empty(causal_tokens(layout, num_mask_heads), dtype=torch.int32, device=mask.device)
+    return kv_indptr, expand_blocks_triton(runs, out)
+
+
+def causal_tokens(layout: BlockLayout, num_mask_heads: int) -> int:
+    """Page indices of a mask keeping every causal block: the size `device_plan_indices` needs at most."""
+    rows_per_req = [
+        (p + n - 1) // layout.block_size + 1 - p // layout.block_size
+        for p, n in zip(layout.prefix_lens, layout.extend_lens, strict=True)
+    ]
+    total = sum(
+        rows * (p + n)
+        for rows, p, n in zip(rows_per_req, layout.prefix_lens, layout.extend_lens, strict=True)
+    )
+    return num_mask_heads * total

@@ -14,6 +14,8 @@ from sglang_prefill_ext.ops.plan import (
     BlockRuns,
     PlanIndices,
     build_plan_indices,
+    causal_tokens,
+    device_plan_indices,
     expand_blocks_torch,
     expand_blocks_triton,
 )
@@ -143,6 +145,7 @@ def _attention(backend: str = "fa2") -> BlockSparseAttention:
     attention._wrapper = _FakeWrapper(backend)
     attention._num_kv_heads = 0
     attention._signature = None
+    attention._reusable = False
     return attention
 
 
@@ -202,3 +205,47 @@ def test_other_flashinfer_plans_through_the_public_plan_with_one_warning(
     assert len(caught) == 1
     wrapper = attention._wrapper
     assert [call[:2] for call in wrapper.public_calls] == [([0, 3], [0, 5])] * 2 and not wrapper.module_calls
+
+
+@pytest.mark.parametrize("triton", [True, False])
+@pytest.mark.parametrize("mask_heads", [2, 8])
+def test_device_indices_are_the_host_plans_without_a_host_step(
+    monkeypatch: pytest.MonkeyPatch, triton: bool, mask_heads: int
+) -> None:
+    """Per KV head or per query head, prefixes off the block grid; the buffer past the kept tokens is left
+    alone; without Triton the torch expansion gives the same."""
+    from sglang_prefill_ext.ops import plan
+
+    if not triton:
+        monkeypatch.setattr(plan, "triton_enabled", lambda tensor: False)
+    _, layout, locs, _ = _setup([37, 0, 5], [60, 45, 1], 4, (8, 2))
+    mask = _random_mask(layout, mask_heads, 0.4)
+    want = build_plan_indices(mask, layout, locs, 2)
+    buffer = torch.full((causal_tokens(layout, mask_heads),), -7, dtype=torch.int32)
+    kv_indptr, kv_indices = device_plan_indices(mask, layout, locs, 2, buffer)
+    total = int(want.kv_indptr[-1])
+    assert kv_indices is buffer and torch.equal(kv_indptr, want.kv_indptr)
+    assert torch.equal(kv_indices[:total], want.kv_indices) and bool((kv_indices[total:] == -7).all())
+    every = torch.ones_like(mask) & (torch.arange(mask.shape[2])[None, :] <= layout.row_block.long()[:, None])
+    assert int(build_plan_indices(every, layout, locs, 2).kv_indptr[-1]) <= causal_tokens(layout, mask_heads)
+
+
+def test_a_plan_with_the_kv_split_off_serves_other_indices(flashinfer_version: list[str]) -> None:
+    _, layout, locs, _ = _setup([37, 0], [60, 45], 1, (8, 2))
+    first, later = _random_mask(layout, 2, 0.3), _random_mask(layout, 2, 0.6)
+    attention = _attention("fa2")
+    with pytest.raises(RuntimeError, match="split_kv=False"):
+        attention.use_indices(*device_plan_indices(later, layout, locs))
+    attention.plan(build_plan_indices(first, layout, locs), 8, 2, 32, torch.bfloat16, 0.125, split_kv=False)
+    (args,) = attention._wrapper.module_calls
+    assert args[-3:] == (-1, True, 0)  # fa2's planner: no fixed split size, the KV split disabled
+    kv_indptr, kv_indices = device_plan_indices(later, layout, locs)
+    attention.use_indices(kv_indptr, kv_indices)
+    wrapper = attention._wrapper
+    assert wrapper._paged_kv_indptr_buf is kv_indptr and wrapper._paged_kv_indices_buf is kv_indices
+    segments = kv_indptr.numel() - 1
+    assert torch.equal(wrapper._kv_lens_buffer[:segments], kv_indptr[1:] - kv_indptr[:-1])
+    with pytest.raises(ValueError, match="fa2"):
+        _attention("fa3").plan(
+            build_plan_indices(first, layout, locs), 8, 2, 32, torch.bfloat16, 0.1, split_kv=False
+        )

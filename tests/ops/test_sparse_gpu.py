@@ -42,9 +42,9 @@ SCENARIOS = {
 
 
 KEEP_ALL = {
-    "hybrid": SparseSettings(scorer="hybrid", threshold=0.0, mass=1.0),
-    "pooled": SparseSettings(scorer="pooled", threshold=0.0),
-    "sampled": SparseSettings(scorer="sampled", mass=1.0),
+    "hybrid": SparseSettings(scorer="hybrid", threshold=0.0, mass=1.0, per_query_head=False),
+    "pooled": SparseSettings(scorer="pooled", threshold=0.0, per_query_head=False),
+    "sampled": SparseSettings(scorer="sampled", mass=1.0, per_query_head=False),
     "hybrid_per_query_head": SparseSettings(scorer="hybrid", threshold=0.0, mass=1.0, per_query_head=True),
     "antidiagonal_per_query_head": SparseSettings(scorer="antidiagonal", mass=1.0, per_query_head=True),
 }
@@ -105,16 +105,17 @@ def _plant_needles(q: torch.Tensor, pool, num: int, seed: int) -> list[tuple[int
 
 @pytest.mark.parametrize(("heads", "head_dim"), [((32, 8), 128), ((28, 4), 64)])
 @pytest.mark.parametrize("scorer", ["hybrid", "sampled", "pooled"])
-def test_planted_needles_are_always_selected_at_default_settings(
+def test_planted_needles_are_always_selected_per_kv_head_at_mass_0_95(
     heads: tuple[int, int], head_dim: int, scorer: str
 ) -> None:
-    """Every needle with the default (hybrid) and the sampled scorer; the pooled scorer only promises
-    whole-block ones (a single key token is diluted 1/128 in its block's mean)."""
+    """Every needle with the hybrid and the sampled scorer (per KV head, mass 0.95: the defaults until
+    2026-12-02); the pooled scorer only promises whole-block ones (a single key token is diluted 1/128 in
+    its block's mean)."""
     total = 16384
     pool = make_pool([total], 1, heads[1], head_dim, device=DEVICE)
     q = torch.randn(total, heads[0], head_dim, device=DEVICE).bfloat16()
     needles = _plant_needles(q, pool, 24, seed=7)
-    sparse = _sparse(SparseSettings(scorer=scorer))
+    sparse = _sparse(SparseSettings(scorer=scorer, mass=0.95, per_query_head=False))
     layout = BlockLayout.build([0], [total], 128, DEVICE)
     sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
     mask = sparse.select(q, pool.k, head_dim**-0.5)
@@ -224,3 +225,40 @@ def test_random_masks_run_what_an_fp32_masked_reference_computes(
         )
         torch.testing.assert_close(out[offset : offset + n].float().cpu(), want, atol=5e-3, rtol=2e-2)
         offset += n
+
+
+@pytest.mark.parametrize("per_query_head", [False, True])
+def test_one_fa2_plan_serves_a_later_layers_mask(per_query_head: bool) -> None:
+    """Planned for one mask with the KV split off, fa2 runs another mask of the same segments from device
+    indices (`use_indices`) exactly as a fresh plan of it does."""
+    from sglang_prefill_ext.ops.plan import build_plan_indices, causal_tokens, device_plan_indices
+
+    heads, head_dim = (12, 2), 128
+    prefix, extend = [3000, 0], [2500, 900]
+    mask_heads = heads[0] if per_query_head else heads[1]
+    pool = make_pool(
+        [p + n for p, n in zip(prefix, extend, strict=True)], 1, heads[1], head_dim, device=DEVICE
+    )
+    layout = BlockLayout.build(prefix, extend, 128, DEVICE)
+    locs = context_locs(layout, pool.req_to_token, pool.req_pool_indices)
+    cols = torch.arange(layout.max_key_blocks, device=DEVICE)[None, :]
+    diag = layout.row_block.long()[:, None]
+    first, later = (
+        ((torch.rand(mask_heads, layout.num_rows, layout.max_key_blocks, device=DEVICE) < d) | (cols == diag))
+        & (cols <= diag)
+        for d in (0.2, 0.5)
+    )
+    q = torch.randn(layout.num_tokens, heads[0], head_dim, device=DEVICE).bfloat16()
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
+    scale = head_dim**-0.5
+    fresh = BlockSparseAttention(workspace, "fa2")
+    fresh.plan(
+        build_plan_indices(later, layout, locs, heads[1]), heads[0], mask_heads, head_dim, q.dtype, scale
+    )
+    once = BlockSparseAttention(torch.empty_like(workspace), "fa2")
+    indices = build_plan_indices(first, layout, locs, heads[1])
+    once.plan(indices, heads[0], mask_heads, head_dim, q.dtype, scale, split_kv=False)
+    buffer = torch.empty(causal_tokens(layout, mask_heads), dtype=torch.int32, device=DEVICE)
+    once.use_indices(*device_plan_indices(later, layout, locs, heads[1], buffer))
+    want = fresh.run(q, pool.k, pool.v)
+    torch.testing.assert_close(once.run(q, pool.k, pool.v), want, atol=2e-3, rtol=1e-2)
