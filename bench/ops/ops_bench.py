@@ -1,7 +1,7 @@
 """Sparse vs dense long prefill attention on one GPU: times incl. scoring and planning, TFLOP/s, needles.
 
     python -m bench.ops.ops_bench [--lens 8192 32768 65536 131072] [--backends auto fa2] [--json PATH]
-        [--heads HQ HKV] [--per-query-head]
+        [--heads HQ HKV] [--per-query-head] [--chunk-only]
 
 Shape: one request, 32 query / 8 KV heads, head_dim 128, bf16, causal; KV in a page-size-1 pool.
 Rows per length L:
@@ -394,6 +394,9 @@ def main() -> None:
         help="query and KV heads (default the 8B shape; Qwen2.5-Coder-1.5B: 12 2)",
     )  # fmt: skip
     parser.add_argument("--per-query-head", action="store_true", help="scored rows select per query head")
+    parser.add_argument(
+        "--chunk-only", action="store_true", help="only the chunk rows (over the longest --lens)"
+    )
     args = parser.parse_args()
     HQ, HKV = args.heads
     PER_QUERY_HEAD = args.per_query_head
@@ -401,7 +404,7 @@ def main() -> None:
     workspace = torch.empty(512 << 20, dtype=torch.uint8, device=DEV)
     ceiling = matmul_ceiling()
     rows: list[dict] = []
-    for length in args.lens:
+    for length in [] if args.chunk_only else args.lens:
         rows += bench_length(length, ceiling, workspace, args.backends)
         print(json.dumps([r for r in rows if r["L"] == length]), flush=True)
         torch.cuda.empty_cache()
