@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.lib.real_text import corpus_ids
-from sglang_prefill_ext.ops import BlockLayout, BlockSparseAttention, SparsePrefill, SparseSettings
+from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
 from sglang_prefill_ext.ops.scoring import largest_holding, select_by_mass, structural_blocks
 
@@ -350,7 +350,7 @@ def main() -> None:
         if config.scorer == "oracle" and not emulate:
             parser.error("oracle:MASS needs --emulate (it reads the exact attention)")
         settings = config.settings(a.block_size, a.samples, a.local_blocks)
-        sparse = SparsePrefill(settings, None if emulate else BlockSparseAttention(workspace))
+        sparse = SparsePrefill(settings, None) if emulate else SparsePrefill.create(settings, workspace)
         oracle = Oracle(per_layer=config.layer_mass) if config.scorer == "oracle" else None
         attentions[config.text] = SparseAttention(
             sparse, a.dense_layers, not a.shared, emulate, oracle=oracle, max_density=a.max_density

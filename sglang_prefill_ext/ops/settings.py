@@ -73,6 +73,13 @@ class SparseSettings:
         "Select key blocks per query head (each query head its own sampled mass and pooled score, one query "
         "head per FlashInfer segment) instead of one set per KV head shared by its query heads.",
     )
+    plan_once: bool = _setting(
+        False,
+        "Plan FlashInfer once per forward, at its first sparse layer, on its fa2 kernel with the KV split off; "
+        "every later layer writes only its kept blocks' indices, on the device (no host step per layer: fa2 "
+        "reads each segment's KV length at run time). Off: every layer plans, on the kernel FlashInfer picks "
+        "(fa3 on Hopper).",
+    )
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

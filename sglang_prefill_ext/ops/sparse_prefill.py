@@ -15,7 +15,7 @@ import torch
 from .antidiagonal import antidiagonal_mass
 from .attention import BlockSparseAttention
 from .layout import BlockLayout
-from .plan import build_plan_indices
+from .plan import build_plan_indices, causal_tokens, device_plan_indices
 from .pooling import key_segments, pool_keys, pool_queries
 from .sampled import SampleGeometry, block_mass, sample_geometry
 from .scoring import select_blocks, select_by_mass
@@ -31,6 +31,13 @@ class SparsePrefill:
         self._geometry: SampleGeometry | None = None  # the sampled scorer's, per layout
         self.planned = False
         self.mask: torch.Tensor | None = None
+        self._plan_key: tuple[int, float, float] | None = None  # (mask heads, scale, soft cap) of the plan
+        self._indices: torch.Tensor | None = None  # with settings.plan_once: later layers' kv_indices
+
+    @classmethod
+    def create(cls, settings: SparseSettings, workspace: torch.Tensor) -> SparsePrefill:
+        """Over FlashInfer with `workspace`: its fa2 kernel with `settings.plan_once`, else the one it picks."""
+        return cls(settings, BlockSparseAttention(workspace, "fa2" if settings.plan_once else "auto"))
 
     def begin(self, layout: BlockLayout, locs: torch.Tensor) -> None:
         """Start a forward over `layout`, whose context positions live in KV slots `locs`."""
@@ -39,6 +46,8 @@ class SparsePrefill:
         self._geometry = None
         self.planned = False
         self.mask = None
+        self._plan_key = None
+        self._indices = None
 
     @property
     def layout(self) -> BlockLayout:
@@ -88,12 +97,33 @@ class SparsePrefill:
         logits_soft_cap: float = 0.0,
         num_kv_heads: int | None = None,
     ) -> None:
-        """Plan `mask` [Hm, R, C] (Hm: the pool's `num_kv_heads`, the default, or the query heads)."""
+        """Plan `mask` [Hm, R, C] (Hm: the pool's `num_kv_heads`, the default, or the query heads). With
+        `settings.plan_once`, a later layer of the forward with the same plan signature keeps the plan and
+        swaps in its own indices, built on the device."""
         num_mask_heads = mask.shape[0]
-        indices = build_plan_indices(mask, self.layout, self._locs, num_kv_heads)
-        self.attention.plan(
-            indices, q.shape[1], num_mask_heads, q.shape[2], q.dtype, sm_scale, logits_soft_cap
-        )
+        key = (num_mask_heads, sm_scale, logits_soft_cap)
+        once = self.settings.plan_once
+        if once and self.planned and key == self._plan_key:
+            if self._indices is None:
+                size = causal_tokens(self.layout, num_mask_heads)
+                self._indices = torch.empty(size, dtype=torch.int32, device=mask.device)
+            kv_indptr, kv_indices = device_plan_indices(
+                mask, self.layout, self._locs, num_kv_heads, self._indices
+            )
+            self.attention.use_indices(kv_indptr, kv_indices)
+        else:
+            indices = build_plan_indices(mask, self.layout, self._locs, num_kv_heads)
+            self.attention.plan(
+                indices,
+                q.shape[1],
+                num_mask_heads,
+                q.shape[2],
+                q.dtype,
+                sm_scale,
+                logits_soft_cap,
+                split_kv=not once,
+            )
+            self._plan_key = key
         self.mask = mask
         self.planned = True
 

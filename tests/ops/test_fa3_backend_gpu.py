@@ -152,11 +152,14 @@ def server_args(sglang_harness):
     return sglang_harness.parse_server_args("--attention-backend", "fa3")
 
 
+@pytest.mark.parametrize("plan_once", [False, True])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize(("heads", "head_dim"), [((32, 8), 128), ((28, 4), 64)])
 def test_sparse_batch_keeping_every_block_equals_dense_attention(
-    server_args, page_size: int, heads: tuple[int, int], head_dim: int
+    server_args, page_size: int, heads: tuple[int, int], head_dim: int, plan_once: bool
 ) -> None:
+    """Every sparse layer against stock fa3 and fp32 SDPA; with `--prefill-ext-sparse-plan-once` the layers
+    after the first sparse one run its fa2 plan over their own device-built indices."""
     fa3 = _fa3()
     from sglang_prefill_ext.adapters.v0_5_17.flashattention import PrefillExtFlashAttentionBackend
 
@@ -165,7 +168,8 @@ def test_sparse_batch_keeping_every_block_equals_dense_attention(
     batch, new_kv = _batch(runner, prefix, extend)
     layers = _layers(heads, head_dim)
     queries = [torch.randn(sum(extend), heads[0] * head_dim, device=DEVICE).bfloat16() for _ in layers]
-    ext = PrefillExtFlashAttentionBackend(runner, _ext_config(sparse_max_density=1.0, **KEEP_ALL))
+    config = _ext_config(sparse_max_density=1.0, sparse_plan_once=plan_once, **KEEP_ALL)
+    ext = PrefillExtFlashAttentionBackend(runner, config)
     assert ext.extend_path_supported() and ext.wants_eager_prefill(batch)
     got = _forward(ext, batch, new_kv, queries, layers)
     assert ext.ext_path.sparse.planned and ext.ext_path.sparse.density() == pytest.approx(1.0)

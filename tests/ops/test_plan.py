@@ -249,3 +249,34 @@ def test_a_plan_with_the_kv_split_off_serves_other_indices(flashinfer_version: l
         _attention("fa3").plan(
             build_plan_indices(first, layout, locs), 8, 2, 32, torch.bfloat16, 0.1, split_kv=False
         )
+
+
+def test_plan_once_plans_the_first_sparse_layer_and_swaps_indices_after(
+    flashinfer_version: list[str],
+) -> None:
+    """With `plan_once` the forward's first plan is fa2's with the KV split off; a later layer only writes
+    its own indices (the host plan's, built on the device); the next forward plans again."""
+    from sglang_prefill_ext.ops.settings import SparseSettings
+    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+
+    _, layout, locs, q = _setup([37, 0], [60, 45], 1, (8, 2))
+    sparse = SparsePrefill(SparseSettings(block_size=BLOCK, plan_once=True), _attention("fa2"))
+    wrapper = sparse.attention._wrapper
+    masks = [_random_mask(layout, 8, d) for d in (0.3, 0.6, 0.2)]
+    sparse.begin(layout, locs)
+    for mask in masks[:2]:
+        sparse.plan(mask, q, 0.125, num_kv_heads=2)
+    assert len(wrapper.module_calls) == 1 and wrapper.module_calls[0][-2] is True  # disable_split_kv
+    want = build_plan_indices(masks[1], layout, locs, 2)
+    assert torch.equal(wrapper._paged_kv_indptr_buf, want.kv_indptr)
+    total = int(want.kv_indptr[-1])
+    assert torch.equal(wrapper._paged_kv_indices_buf[:total], want.kv_indices) and sparse.mask is masks[1]
+    sparse.plan(masks[2], q, 0.25, num_kv_heads=2)  # another scale: a plan of its own
+    sparse.begin(layout, locs)
+    sparse.plan(masks[2], q, 0.25, num_kv_heads=2)
+    assert len(wrapper.module_calls) == 3
+    every_layer = SparsePrefill(SparseSettings(block_size=BLOCK), _attention("fa2"))
+    every_layer.begin(layout, locs)
+    for mask in masks[:2]:
+        every_layer.plan(mask, q, 0.125, num_kv_heads=2)
+    assert [call[-2] for call in every_layer.attention._wrapper.module_calls] == [False, False]

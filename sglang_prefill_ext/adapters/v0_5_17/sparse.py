@@ -29,7 +29,6 @@ from sglang_prefill_ext.adapters.v0_5_17.extend_path import BatchLens, ExtendHos
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.ops import (
     BlockLayout,
-    BlockSparseAttention,
     SparsePrefill,
     context_locs,
 )
@@ -50,8 +49,7 @@ class SparseExtend(ExtendPath):
     @classmethod
     def build(cls, host: ExtendHost, config: PrefillExtConfig, workspace: torch.Tensor) -> SparseExtend:
         """The path over `host`'s KV pool; `workspace`: FlashInfer's float workspace for the plans."""
-        attention = BlockSparseAttention(workspace)
-        return cls(host, config, SparsePrefill(config.sparse_settings, attention))
+        return cls(host, config, SparsePrefill.create(config.sparse_settings, workspace))
 
     def _takes(self, lens: BatchLens) -> bool:
         config = self._config
