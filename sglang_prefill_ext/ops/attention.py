@@ -172,6 +172,11 @@ class BlockSparseAttention:
             args += [-1, not split_kv, 0]  # fixed_split_size, disable_split_kv, num_colocated_ctas
         wrapper._plan_info = wrapper._cached_module.plan(*args)
 
+    @property
+    def reusable(self) -> bool:
+        """Whether the current plan takes other indices (`use_indices`): fa2, KV split off, direct planning."""
+        return self._reusable
+
     def use_indices(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> None:
         """Run the current plan over other kept blocks with the same segments (`plan.device_plan_indices`:
         device kv_indptr [segments + 1], kv_indices): no host step. Needs a plan made with split_kv=False."""

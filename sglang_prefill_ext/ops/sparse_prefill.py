@@ -99,11 +99,12 @@ class SparsePrefill:
     ) -> None:
         """Plan `mask` [Hm, R, C] (Hm: the pool's `num_kv_heads`, the default, or the query heads). With
         `settings.plan_once`, a later layer of the forward with the same plan signature keeps the plan and
-        swaps in its own indices, built on the device."""
+        swaps in its own indices, built on the device (where FlashInfer planned it directly: another
+        FlashInfer version plans every layer)."""
         num_mask_heads = mask.shape[0]
         key = (num_mask_heads, sm_scale, logits_soft_cap)
         once = self.settings.plan_once
-        if once and self.planned and key == self._plan_key:
+        if once and self.planned and key == self._plan_key and self.attention.reusable:
             if self._indices is None:
                 size = causal_tokens(self.layout, num_mask_heads)
                 self._indices = torch.empty(size, dtype=torch.int32, device=mask.device)

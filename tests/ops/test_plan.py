@@ -280,3 +280,13 @@ def test_plan_once_plans_the_first_sparse_layer_and_swaps_indices_after(
     for mask in masks[:2]:
         every_layer.plan(mask, q, 0.125, num_kv_heads=2)
     assert [call[-2] for call in every_layer.attention._wrapper.module_calls] == [False, False]
+    from sglang_prefill_ext.ops import attention
+
+    flashinfer_version[0] = "0.7.2"  # no direct planning: every layer plans through the public plan
+    attention.direct_planning_supported.cache_clear()
+    other = SparsePrefill(SparseSettings(block_size=BLOCK, plan_once=True), _attention("fa2"))
+    other.begin(layout, locs)
+    with pytest.warns(RuntimeWarning, match="0.7.2"):
+        for mask in masks[:2]:
+            other.plan(mask, q, 0.125, num_kv_heads=2)
+    assert len(other.attention._wrapper.public_calls) == 2 and not other.attention.reusable
