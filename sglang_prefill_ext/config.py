@@ -188,6 +188,13 @@ class PrefillExtConfig:
         "Goodput scheduling: the TTFT target a waiting short request's deadline slack is counted from.",
         check=_non_negative,
     )
+    lone_pass_ms: float = _option(
+        0.0,
+        "Goodput scheduling: with nobody decoding and no short request waiting, hold a long prompt's chunk "
+        "to this predicted forward time too, so a short request arriving mid-prompt waits for a smaller pass; "
+        "every lone long prompt pays the extra passes. 0: SGLang's full chunk (a lone prompt runs as on stock).",
+        check=_non_negative,
+    )
     short_max_tokens: int = _option(
         4096,
         "Short requests first and goodput scheduling: a waiting request with at most this many uncached "
@@ -275,6 +282,8 @@ class PrefillExtConfig:
             raise OptionError(
                 "--prefill-ext-tbt-target-ms and --prefill-ext-pass-budget-ms are two pass budgets: give one"
             )
+        if config.lone_pass_ms > 0 and not config.tbt_target_ms > 0:
+            raise OptionError(f"{option_name('lone_pass_ms')} needs {option_name('tbt_target_ms')}")
         if config.log_fingerprints and not config.log:
             raise OptionError(f"{option_name('log_fingerprints')} needs {option_name('log')}")
         return config

@@ -103,13 +103,13 @@ def validate_server_args(
         if given:
             raise config.OptionError(f"{_flags(given)} given without {config.ENABLE_FLAG}")
         return
-    prefill_ext_config(server_args)  # refuses malformed values
     unported = sorted(set(given) - ported) if ported is not None else []
-    if unported:
+    if unported:  # first: what this version lacks says more than how its options would combine
         why = "; ".join(text for name, text in (unported_why or {}).items() if name in unported)
         raise config.OptionError(
             f"{_flags(unported)}: not available on SGLang {version} yet" + (f" ({why})" if why else "")
         )
+    prefill_ext_config(server_args)  # refuses malformed values
     found = [text for name, text in conflicts.items() if getattr(server_args, name, None)]
     if found:
         raise config.OptionError(f"{config.ENABLE_FLAG} cannot be combined with: {'; '.join(found)}")

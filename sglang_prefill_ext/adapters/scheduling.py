@@ -68,6 +68,7 @@ def pass_budget(config: PrefillExtConfig, page_size: int) -> ShortFirst:
             config.min_long_chunk,
             page_size,
             config.pass_cost,
+            config.lone_pass_ms,
         )
     return ShortFirst(
         config.pass_budget_ms,

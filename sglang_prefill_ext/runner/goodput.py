@@ -10,7 +10,8 @@ waiting short requests go first by deadline slack (target - waited - their own p
 the least first); the chunked long prompt takes
 what the budget leaves (never below `min_long_chunk`). With nobody decoding, every pass is SGLang's
 full chunk unless short requests would wait behind a long prompt's chunk, so a lone prompt runs as on
-stock and a burst of short requests is packed as stock packs it.
+stock and a burst of short requests is packed as stock packs it; `lone_pass_ms` (off by default) holds
+a lone long prompt's passes to a predicted time as well, for short requests that arrive mid-prompt.
 
 SGLang chunks one request at a time: a waiting request that would not fit whole beside the
 continuing chunked one waits (the adapter's `defer`), as under the short-first budget.
@@ -39,10 +40,12 @@ class Goodput(ShortFirst):
         min_long_chunk: int,
         page_size: int,
         cost: PassCost | None = None,
+        lone_pass_ms: float = 0.0,
     ) -> None:
         # window -1: the budget is always active (`plan` still runs full chunks when nobody needs it)
         super().__init__(HEADROOM * tbt_target_ms, short_max_tokens, -1.0, min_long_chunk, page_size, cost)
         self.short_ttft_target_ms = short_ttft_target_ms
+        self.lone_pass_ms = lone_pass_ms
         self._seen: dict[Hashable, float] = {}
 
     def _order(
@@ -69,9 +72,14 @@ class Goodput(ShortFirst):
     ) -> PassPlan:
         """With nobody decoding (`riding`), SGLang's chunk unless a short request would share the pass with
         a long prompt's chunk (the chunked one, or the next in the queue, with more than `short_max_tokens`
-        left): a pass of short requests alone packs them as stock does (16 x 512 new tokens over a cached 32K: one pass, not six). Else the
-        budget."""
+        left): a pass of short requests alone packs them as stock does (16 x 512 new tokens over a cached
+        32K: one pass, not five), and a long prompt alone gets it too unless `lone_pass_ms` holds its chunk
+        to that predicted time. Else the budget."""
         with_long = long is not None and not self.is_short(long)
-        if not riding and not (shorts and with_long):
-            return PassPlan(base)
-        return super().plan(base, now, shorts, long, continuing, riding)
+        if riding or (shorts and with_long):
+            return super().plan(base, now, shorts, long, continuing, riding)
+        if self.lone_pass_ms > 0 and long is not None and with_long:
+            fill = self.cost.tokens_within(self.lone_pass_ms - self.cost.fixed_ms, long.context)
+            chunk = min(base, max(fill // self.page_size * self.page_size, self.min_long_chunk))
+            return PassPlan(chunk, chunk if continuing else None, budgeted=chunk < base)
+        return PassPlan(base)

@@ -68,6 +68,7 @@ PORTED = adapters.current("hooks").PORTED_OPTIONS
         ("schedule", "stock"),
         ("log", "x.jsonl"),
         ("tbt_target_ms", "100"),
+        ("lone_pass_ms", "150"),
     ],
 )
 def test_options_not_ported_to_this_version_refused(

@@ -55,6 +55,28 @@ def test_short_requests_alone_with_nobody_decoding_are_packed_as_stock_packs_the
     assert goodput.plan(8192, 0.0, followers, None, continuing=False, riding=4).budgeted
 
 
+def test_a_lone_pass_cap_holds_a_lone_long_chunk_to_its_predicted_time() -> None:
+    capped = Goodput(100.0, 250.0, 4096, 512, page_size=16, cost=COST, lone_pass_ms=150.0)
+    long = Need(60000, 16384)
+    plan = capped.plan(8192, 0.0, [], long, continuing=True)
+    assert plan.budgeted and plan.long_cap == plan.chunk < 8192 and plan.chunk % 16 == 0
+    assert COST.fixed_ms + COST.variable_ms(plan.chunk, long.context) <= 150.0
+    assert COST.fixed_ms + COST.variable_ms(plan.chunk + 16, long.context) > 150.0
+    waiting_long = capped.plan(8192, 0.0, [], Need(60000, 0), continuing=False)
+    assert waiting_long.long_cap is None and waiting_long.chunk < 8192  # SGLang chunks it at that budget
+    assert capped.plan(8192, 0.0, [], Need(2000, 0), continuing=False) == PassPlan(8192)  # nothing long
+    assert capped.plan(8192, 0.0, [Need(512, 32768)] * 3, None, continuing=False) == PassPlan(8192)
+    assert policy().plan(8192, 0.0, [], long, continuing=True) == PassPlan(8192)  # off: SGLang's chunk
+
+
+def test_config_needs_the_tbt_target_for_a_lone_pass_cap() -> None:
+    with pytest.raises(OptionError, match="--prefill-ext-lone-pass-ms needs --prefill-ext-tbt-target-ms"):
+        PrefillExtConfig.from_options({"lone_pass_ms": "150"})
+    assert (
+        PrefillExtConfig.from_options({"tbt_target_ms": "100", "lone_pass_ms": "150"}).lone_pass_ms == 150.0
+    )
+
+
 def test_config_refuses_two_pass_budgets() -> None:
     with pytest.raises(OptionError, match="two pass budgets"):
         PrefillExtConfig.from_options({"tbt_target_ms": "100", "pass_budget_ms": "50"})
@@ -153,3 +175,21 @@ def test_a_burst_over_a_shared_prefix_is_packed_as_on_stock(replay: ModuleType, 
     assert result.kv_errors == []
     assert result.passes == stock.passes
     assert max(result.ttft_ms.values()) <= max(stock.ttft_ms.values())
+
+
+@ported("tbt_target_ms", "lone_pass_ms")
+def test_a_lone_pass_cap_serves_shorts_arriving_mid_prompt(replay: ModuleType, mixed: ModuleType) -> None:
+    """The mixed workload's worst short TTFTs come while the first long prompt runs alone in full chunks;
+    a lone-pass cap shortens those passes (the replay: 777 -> 327 ms at 150 ms), KV accounting exact."""
+    trace = mixed.mixed(long_n=2, short_n=16, output=8)
+    common = {"chunked_prefill_size": 8192, "pool_tokens": 1 << 18, "overlap": True}
+    plain = mixed.run_timed(trace, replay.ReplayConfig(ext=True, extra_args=GOODPUT, **common), COST)
+    capped = mixed.run_timed(
+        trace,
+        replay.ReplayConfig(ext=True, extra_args=(*GOODPUT, "--prefill-ext-lone-pass-ms", "150"), **common),
+        COST,
+        check_kv=True,
+    )
+    assert capped.kv_errors == []
+    assert max(capped.group_ttfts("short")) < max(plain.group_ttfts("short"))
+    assert capped.chunks["long0"] > plain.chunks["long0"]

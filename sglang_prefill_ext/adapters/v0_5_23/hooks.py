@@ -54,7 +54,11 @@ PORTED_OPTIONS = frozenset(
 # Why the pass budgets are not: 0.5.23's scheduler patch has no `chunk_budget` / `add_chunked_req`
 # hook (its PrefillAdder is built and the chunked request added in code the patch does not touch yet).
 _NO_CHUNK_HOOK = "its scheduler patch has no chunk-budget hook yet"
-UNPORTED_WHY = {"tbt_target_ms": _NO_CHUNK_HOOK, "pass_budget_ms": _NO_CHUNK_HOOK}
+UNPORTED_WHY = {
+    "tbt_target_ms": _NO_CHUNK_HOOK,
+    "pass_budget_ms": _NO_CHUNK_HOOK,
+    "lone_pass_ms": _NO_CHUNK_HOOK,
+}
 
 
 def validate_server_args(server_args: ServerArgs) -> None:
