@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.lib.goodput import Targets
 from sglang_prefill_ext.runner.short_first import PassCost
 
 ALONE_WORKLOADS = ("baseline", "unique")
@@ -81,8 +82,8 @@ def fit(samples: Sequence[tuple[int, float]], chunk: int) -> PassCost:
 
 
 def predicted_s(cost: PassCost, tokens: int, chunk: int) -> float:
-    passes, new, pairs = features(tokens, chunk)
-    return (passes * cost.fixed_ms + new * cost.token_us * 1e-3 + pairs * cost.pair_ps * 1e-9) / 1e3
+    """A lone uncached prompt's TTFT under `cost`: the goodput report's "alone on stock" model."""
+    return Targets(alone_cost=cost, alone_chunk=chunk).alone_s(tokens, 0)
 
 
 def report(samples: Sequence[tuple[int, float]], cost: PassCost, chunk: int) -> str:

@@ -140,9 +140,10 @@ def device_plan_indices(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`build_plan_indices`' kv_indptr and kv_indices with no host step: every (mask head, row, column) is a
     run, empty where the mask drops it, so no `nonzero` and no read-back. Returns kv_indptr [Hm*R + 1] int32
-    on the device and `out` (kv_indices from entry 0; default: a buffer for every causal block of every
-    mask head, `causal_tokens`), whose entries past kv_indptr[-1] are left as they were. On CPU tensors
-    without Triton's interpreter the expansion is torch's, which reads the total back."""
+    on the device and `out` (kv_indices from entry 0; None: a new buffer for every causal block of every
+    mask head, `causal_tokens`, to pass again for the forward's later layers), whose entries past
+    kv_indptr[-1] are left as they were. On CPU tensors without Triton's interpreter the expansion is
+    torch's, which reads the total back."""
     num_mask_heads, num_rows, num_cols = mask.shape
     num_kv_heads = num_kv_heads or num_mask_heads
     cols = torch.arange(num_cols, device=mask.device)
@@ -164,16 +165,13 @@ def device_plan_indices(
         0,
         layout.block_size,
     )
-    if not triton_enabled(mask):
-        runs = dataclasses.replace(runs, total=int(ends[-1]))
-        indices = expand_blocks_torch(runs)
-        if out is None:
-            return kv_indptr, indices
-        out[: indices.numel()] = indices
-        return kv_indptr, out
     if out is None:
         out = torch.empty(causal_tokens(layout, num_mask_heads), dtype=torch.int32, device=mask.device)
-    return kv_indptr, expand_blocks_triton(runs, out)
+    if triton_enabled(mask):
+        return kv_indptr, expand_blocks_triton(runs, out)
+    indices = expand_blocks_torch(dataclasses.replace(runs, total=int(ends[-1])))
+    out[: indices.numel()] = indices
+    return kv_indptr, out
 
 
 def causal_tokens(layout: BlockLayout, num_mask_heads: int) -> int:

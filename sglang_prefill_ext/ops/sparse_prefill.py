@@ -15,7 +15,7 @@ import torch
 from .antidiagonal import antidiagonal_mass
 from .attention import BlockSparseAttention
 from .layout import BlockLayout
-from .plan import build_plan_indices, causal_tokens, device_plan_indices
+from .plan import build_plan_indices, device_plan_indices
 from .pooling import key_segments, pool_keys, pool_queries
 from .sampled import SampleGeometry, block_mass, sample_geometry
 from .scoring import select_blocks, select_by_mass
@@ -105,13 +105,10 @@ class SparsePrefill:
         key = (num_mask_heads, sm_scale, logits_soft_cap)
         once = self.settings.plan_once
         if once and self.planned and key == self._plan_key and self.attention.reusable:
-            if self._indices is None:
-                size = causal_tokens(self.layout, num_mask_heads)
-                self._indices = torch.empty(size, dtype=torch.int32, device=mask.device)
-            kv_indptr, kv_indices = device_plan_indices(
+            kv_indptr, self._indices = device_plan_indices(
                 mask, self.layout, self._locs, num_kv_heads, self._indices
             )
-            self.attention.use_indices(kv_indptr, kv_indices)
+            self.attention.use_indices(kv_indptr, self._indices)
         else:
             indices = build_plan_indices(mask, self.layout, self._locs, num_kv_heads)
             self.attention.plan(

@@ -75,11 +75,10 @@ class Goodput(ShortFirst):
         left): a pass of short requests alone packs them as stock does (16 x 512 new tokens over a cached
         32K: one pass, not five), and a long prompt alone gets it too unless `lone_pass_ms` holds its chunk
         to that predicted time. Else the budget."""
-        with_long = long is not None and not self.is_short(long)
-        if riding or (shorts and with_long):
+        long_prompt = long if long is not None and not self.is_short(long) else None
+        if riding or (shorts and long_prompt is not None):
             return super().plan(base, now, shorts, long, continuing, riding)
-        if self.lone_pass_ms > 0 and long is not None and with_long:
-            fill = self.cost.tokens_within(self.lone_pass_ms - self.cost.fixed_ms, long.context)
-            chunk = min(base, max(fill // self.page_size * self.page_size, self.min_long_chunk))
+        if self.lone_pass_ms > 0 and long_prompt is not None:
+            chunk = self.long_chunk(self.lone_pass_ms - self.cost.fixed_ms, long_prompt.context, base)
             return PassPlan(chunk, chunk if continuing else None, budgeted=chunk < base)
         return PassPlan(base)

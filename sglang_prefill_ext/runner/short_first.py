@@ -180,15 +180,19 @@ class ShortFirst:
             - sum(self.cost.variable_ms(n.tokens, n.context) for n in shorts)
         )
         short_tokens = sum(self._paged(n.tokens) for n in shorts)
-        context = long.context if long is not None else 0
-        fill = self.cost.tokens_within(left, context) // self.page_size * self.page_size
-        long_tokens = min(max(fill, self.min_long_chunk), base)
+        long_tokens = self.long_chunk(left, long.context if long is not None else 0, base)
         self.counters.budgeted_passes += 1
         if long is not None and long_tokens < min(long.tokens, base):
             self.counters.shortened_chunks += 1
             self.counters.yielded_tokens += min(long.tokens, base) - long_tokens
         chunk = short_tokens + long_tokens
         return PassPlan(chunk, long_tokens if continuing else None, budgeted=True)
+
+    def long_chunk(self, ms: float, context: int, base: int) -> int:
+        """A long prompt's chunk after `context` tokens in `ms` of predicted variable time: whole pages,
+        at least `min_long_chunk`, at most `base`."""
+        fill = self.cost.tokens_within(ms, context) // self.page_size * self.page_size
+        return min(max(fill, self.min_long_chunk), base)
 
     def _paged(self, tokens: int) -> int:
         return -(-tokens // self.page_size) * self.page_size
