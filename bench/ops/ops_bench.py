@@ -16,8 +16,8 @@ Rows per length L:
   rand_d_B  attention only over a random block mask of density d (diagonal kept), FlashInfer backend B
             (fa2 / fa3, --backends): kernel speed vs density
   chunk     the last 8K chunk over a 120K cached prefix: sparse (each scorer) vs FlashInfer paged dense
-            prefill; `_plan_once`: the antidiagonal mask through one fa2 plan (split-KV off) made for another
-            mask, with device-built indices (plan_ms: no host step), rel_err against a fresh fa3 plan
+            prefill; `_plan_once`: the antidiagonal mask through one reusable fa2 / fa3 plan made for another
+            mask, with device-built indices (plan_ms: no host step), rel_err against a fresh plan
 TFLOP/s counts the FLOPs each path executes (causal halves included); `ceiling` is a bf16 8K^3 matmul
 measured in the same run. Times are medians of CUDA-event timings after a warm-up.
 """
@@ -305,9 +305,10 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
 def plan_once_rows(
     total: int, chunk: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, workspace: torch.Tensor
 ) -> list[dict]:
-    """The chunk's antidiagonal selection run through one fa2 plan made for another layer's mask (split-KV
-    off), as every sparse layer of a forward after the first would: device indices + attention, no host
-    step; rel_err against a fresh fa3 plan of the same mask says whether the reuse is exact."""
+    """The chunk's antidiagonal selection run through one reusable plan (fa2: split-KV off; fa3: its work
+    items' KV ranges rewritten) made for another layer's mask, as every sparse layer of a forward after the
+    first runs with --prefill-ext-sparse-plan-once: device indices + attention, no host step; rel_err
+    against a fresh plan of the same mask says whether the reuse is exact."""
     prefix = total - chunk
     scale = D**-0.5
     locs = torch.arange(total, device=DEV)
@@ -321,33 +322,35 @@ def plan_once_rows(
     cols = torch.arange(layout.max_key_blocks, device=DEV)[None, :]
     diag = layout.row_block.long()[:, None]
     first = ((torch.rand(mask.shape, device=DEV) < 0.2) | (cols == diag)) & (cols <= diag)  # "layer 1"
-    once = BlockSparseAttention(workspace, "fa2")
-    once.plan(
-        build_plan_indices(first, layout, locs, HKV), HQ, mask.shape[0], D, q.dtype, scale, split_kv=False
-    )
-    buffer = torch.empty(causal_tokens(layout, mask.shape[0]), dtype=torch.int32, device=DEV)
-
-    def indices() -> None:
-        once.use_indices(*device_plan_indices(mask, layout, locs, HKV, buffer))
-
-    plan_ms = timed(indices, 5)
-    indices()
-    attn_ms = timed(lambda: once.run(q, k, v), 5)
-    out = once.run(q, k, v)
+    first_indices = build_plan_indices(first, layout, locs, HKV)
     flops = plan_flops(build_plan_indices(mask, layout, locs, HKV), mask.shape[0])
-    return [
-        dict(
-            L=total,
-            path=f"chunk{chunk // 1024}K_antidiagonal_plan_once",
-            backend=once.backend,
-            ms=select_ms + plan_ms + attn_ms,
-            select_ms=select_ms,
-            plan_ms=plan_ms,
-            attn_ms=attn_ms,
-            tflops=flops / attn_ms / 1e9,
-            rel_err=float((out.float() - fresh.float()).norm() / fresh.float().norm()),
+    buffer = torch.empty(causal_tokens(layout, mask.shape[0]), dtype=torch.int32, device=DEV)
+    rows = []
+    for backend in ("fa2", "fa3"):
+        once = BlockSparseAttention(torch.empty_like(workspace), backend)
+        once.plan(first_indices, HQ, mask.shape[0], D, q.dtype, scale, reusable=True)
+
+        def indices(once: BlockSparseAttention = once) -> None:
+            once.use_indices(*device_plan_indices(mask, layout, locs, HKV, buffer))
+
+        plan_ms = timed(indices, 5)
+        indices()
+        attn_ms = timed(lambda once=once: once.run(q, k, v), 5)
+        out = once.run(q, k, v)
+        rows.append(
+            dict(
+                L=total,
+                path=f"chunk{chunk // 1024}K_antidiagonal_plan_once",
+                backend=once.backend,
+                ms=select_ms + plan_ms + attn_ms,
+                select_ms=select_ms,
+                plan_ms=plan_ms,
+                attn_ms=attn_ms,
+                tflops=flops / attn_ms / 1e9,
+                rel_err=float((out.float() - fresh.float()).norm() / fresh.float().norm()),
+            )
         )
-    ]
+    return rows
 
 
 COLUMNS = (

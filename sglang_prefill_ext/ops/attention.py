@@ -8,6 +8,7 @@ work split) is made once and can be run by every layer that shares the layout.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import warnings
@@ -56,6 +57,46 @@ def direct_planning_supported() -> bool:
     return False
 
 
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """The SM count fa3's planner spreads its work over (one work list per SM)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _int32(buffer: torch.Tensor, offset: int, count: int) -> torch.Tensor:
+    """`count` int32 entries of a byte buffer from byte `offset`, as a view."""
+    return buffer[offset : offset + 4 * count].view(torch.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fa3Works:
+    """fa3's plan per work item (one query tile of one segment and head): the segment it serves, and the
+    plan's device copies of that segment's KV start and length, which fa3's kernel reads at run time (it
+    never reads the run's kv_indptr). Rewriting those two from other kv_indptr reruns the plan over other
+    kept blocks of the same segments."""
+
+    segment: torch.Tensor  # [W] int64, device
+    kv_start: torch.Tensor  # [W] int32, a view into the int workspace
+    kv_len: torch.Tensor  # [W] int32, a view into the int workspace
+
+    @classmethod
+    def of(cls, wrapper: object) -> Fa3Works:
+        """From the wrapper's last fa3 plan: its PrefillPlanSM90Info offsets, the work count and segments
+        read from the page-locked copy the planner filled on the host (FlashInfer 0.6.15.post1's layout)."""
+        info = [int(x) for x in wrapper._plan_info]
+        kv_start_at, kv_len_at, work_indptr_at, segment_at = info[2], info[4], info[6], info[7]
+        pinned, ints = wrapper._pin_memory_int_workspace_buffer, wrapper._int_workspace_buffer
+        works = int(_int32(pinned, work_indptr_at, multiprocessors(wrapper.device) + 1)[-1])
+        segment = _int32(pinned, segment_at, works).to(wrapper.device, torch.int64)
+        return cls(segment, _int32(ints, kv_start_at, works), _int32(ints, kv_len_at, works))
+
+    def use(self, kv_indptr: torch.Tensor) -> None:
+        """Point every work item at its segment's range of device `kv_indptr` [segments + 1]."""
+        start = kv_indptr[self.segment]
+        self.kv_start.copy_(start)
+        self.kv_len.copy_(kv_indptr[self.segment + 1] - start)
+
+
 class BlockSparseAttention:
     """Plan once, run per layer: causal attention of a batch's queries over kept blocks of the KV pool.
 
@@ -75,7 +116,8 @@ class BlockSparseAttention:
         self._wrapper = BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
         self._num_kv_heads = 0
         self._signature: tuple[int, int, torch.dtype, float, float] | None = None
-        self._reusable = False  # planned by fa2 with the KV split off: `use_indices` may swap the indices
+        self._reusable = False  # `use_indices` may swap the indices (see `plan`'s `reusable`)
+        self._works: Fa3Works | None = None  # with a reusable fa3 plan
 
     @property
     def backend(self) -> str:
@@ -92,23 +134,24 @@ class BlockSparseAttention:
         sm_scale: float,
         logits_soft_cap: float = 0.0,
         fast: bool = True,
-        split_kv: bool = True,
+        reusable: bool = False,
     ) -> None:
-        """`split_kv=False` (fa2 only, direct planning): one CTA per segment's query tile over the segment's
-        whole KV range, which fa2's kernel reads from the device indptr at run time, so the plan holds for
-        any later indices with the same query rows (`use_indices`)."""
-        if not split_kv and self.backend != "fa2":
-            raise ValueError(f"split_kv=False needs FlashInfer's fa2 backend, not {self.backend}")
+        """`reusable` (direct planning): a plan that holds for any later indices with the same query rows
+        (`use_indices`). fa2 is planned with the KV split off (one CTA per segment's query tile over the
+        segment's whole KV range, read from the device indptr at run time); fa3 never splits the KV, and
+        its per-work KV ranges are rewritten on the device (`Fa3Works`)."""
         self._num_kv_heads = num_kv_heads
         signature = (num_qo_heads // num_kv_heads, head_dim, dtype, sm_scale, logits_soft_cap)
-        if not fast or not direct_planning_supported():
+        direct = fast and direct_planning_supported()
+        if not direct:
             self._plan_public(indices, signature)
         else:
             if signature != self._signature:
                 self._plan_public(one_segment_indices(self._wrapper.device), signature)
-            self._plan_direct(indices, signature[0], head_dim, split_kv)
+            self._plan_direct(indices, signature[0], head_dim, split_kv=not reusable)
         self._signature = signature
-        self._reusable = not split_kv and fast and direct_planning_supported()
+        self._reusable = reusable and direct
+        self._works = Fa3Works.of(self._wrapper) if self._reusable and self.backend == "fa3" else None
 
     def _plan_public(
         self, indices: PlanIndices, signature: tuple[int, int, torch.dtype, float, float]
@@ -174,19 +217,22 @@ class BlockSparseAttention:
 
     @property
     def reusable(self) -> bool:
-        """Whether the current plan takes other indices (`use_indices`): fa2, KV split off, direct planning."""
+        """Whether the current plan takes other indices (`use_indices`): planned reusable, directly."""
         return self._reusable
 
     def use_indices(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> None:
         """Run the current plan over other kept blocks with the same segments (`plan.device_plan_indices`:
-        device kv_indptr [segments + 1], kv_indices): no host step. Needs a plan made with split_kv=False."""
+        device kv_indptr [segments + 1], kv_indices): no host step. Needs a plan made with reusable=True."""
         if not self._reusable:
-            raise RuntimeError("use_indices needs a plan made with split_kv=False (fa2, direct planning)")
+            raise RuntimeError("use_indices needs a plan made with reusable=True (direct planning)")
         wrapper = self._wrapper
         segments = kv_indptr.numel() - 1
         wrapper._paged_kv_indptr_buf = kv_indptr
         wrapper._paged_kv_indices_buf = kv_indices
-        wrapper._kv_lens_buffer[:segments].copy_(kv_indptr[1:] - kv_indptr[:-1], non_blocking=True)
+        if self._works is not None:
+            self._works.use(kv_indptr)
+        else:
+            wrapper._kv_lens_buffer[:segments].copy_(kv_indptr[1:] - kv_indptr[:-1], non_blocking=True)
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
         """q [N, Hq, D]; k/v_buffer: the layer's KV pool [T, Hkv, D]; returns [N, Hq, D]."""

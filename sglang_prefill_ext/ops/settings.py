@@ -75,10 +75,9 @@ class SparseSettings:
     )
     plan_once: bool = _setting(
         False,
-        "Plan FlashInfer once per forward, at its first sparse layer, on its fa2 kernel with the KV split off; "
-        "every later layer writes only its kept blocks' indices, on the device (no host step per layer: fa2 "
-        "reads each segment's KV length at run time). Off: every layer plans, on the kernel FlashInfer picks "
-        "(fa3 on Hopper).",
+        "Plan FlashInfer once per forward, at its first sparse layer; every later layer writes only its kept "
+        "blocks' indices and KV lengths, on the device (no host step per layer; fa2 is planned with the KV "
+        "split off). Off: every layer plans (a host step each).",
     )
 
     def __post_init__(self) -> None:

@@ -36,8 +36,8 @@ class SparsePrefill:
 
     @classmethod
     def create(cls, settings: SparseSettings, workspace: torch.Tensor) -> SparsePrefill:
-        """Over FlashInfer with `workspace`: its fa2 kernel with `settings.plan_once`, else the one it picks."""
-        return cls(settings, BlockSparseAttention(workspace, "fa2" if settings.plan_once else "auto"))
+        """Over FlashInfer with `workspace`, on the kernel it picks (fa3 on Hopper)."""
+        return cls(settings, BlockSparseAttention(workspace))
 
     def begin(self, layout: BlockLayout, locs: torch.Tensor) -> None:
         """Start a forward over `layout`, whose context positions live in KV slots `locs`."""
@@ -119,7 +119,7 @@ class SparsePrefill:
                 q.dtype,
                 sm_scale,
                 logits_soft_cap,
-                split_kv=not once,
+                reusable=once,
             )
             self._plan_key = key
         self.mask = mask

@@ -146,6 +146,7 @@ def _attention(backend: str = "fa2") -> BlockSparseAttention:
     attention._num_kv_heads = 0
     attention._signature = None
     attention._reusable = False
+    attention._works = None
     return attention
 
 
@@ -230,13 +231,15 @@ def test_device_indices_are_the_host_plans_without_a_host_step(
     assert int(build_plan_indices(every, layout, locs, 2).kv_indptr[-1]) <= causal_tokens(layout, mask_heads)
 
 
-def test_a_plan_with_the_kv_split_off_serves_other_indices(flashinfer_version: list[str]) -> None:
+def test_a_reusable_fa2_plan_has_the_kv_split_off_and_serves_other_indices(
+    flashinfer_version: list[str],
+) -> None:
     _, layout, locs, _ = _setup([37, 0], [60, 45], 1, (8, 2))
     first, later = _random_mask(layout, 2, 0.3), _random_mask(layout, 2, 0.6)
     attention = _attention("fa2")
-    with pytest.raises(RuntimeError, match="split_kv=False"):
+    with pytest.raises(RuntimeError, match="reusable=True"):
         attention.use_indices(*device_plan_indices(later, layout, locs))
-    attention.plan(build_plan_indices(first, layout, locs), 8, 2, 32, torch.bfloat16, 0.125, split_kv=False)
+    attention.plan(build_plan_indices(first, layout, locs), 8, 2, 32, torch.bfloat16, 0.125, reusable=True)
     (args,) = attention._wrapper.module_calls
     assert args[-3:] == (-1, True, 0)  # fa2's planner: no fixed split size, the KV split disabled
     kv_indptr, kv_indices = device_plan_indices(later, layout, locs)
@@ -245,17 +248,85 @@ def test_a_plan_with_the_kv_split_off_serves_other_indices(flashinfer_version: l
     assert wrapper._paged_kv_indptr_buf is kv_indptr and wrapper._paged_kv_indices_buf is kv_indices
     segments = kv_indptr.numel() - 1
     assert torch.equal(wrapper._kv_lens_buffer[:segments], kv_indptr[1:] - kv_indptr[:-1])
-    with pytest.raises(ValueError, match="fa2"):
-        _attention("fa3").plan(
-            build_plan_indices(first, layout, locs), 8, 2, 32, torch.bfloat16, 0.1, split_kv=False
+
+
+def _fake_fa3_planner(wrapper: _FakeWrapper, num_ctas: int) -> None:
+    """FlashInfer 0.6.15.post1's PrefillSM90Plan as far as `Fa3Works` reads it: one work item per
+    (segment, query head) — query tiles of 128 rows, segments here are shorter — dealt round-robin to
+    `num_ctas` work lists, its arrays written at 16-byte-aligned offsets of the page-locked buffer and
+    copied to the int workspace."""
+
+    def plan(*args) -> list[int]:
+        qo_indptr, kv_indptr, heads = args[3], args[4], args[8]
+        works = [(h, s) for h in range(heads) for s in range(qo_indptr.numel() - 1)]
+        per_cta = [works[c::num_ctas] for c in range(num_ctas)]
+        flat = [w for cta in per_cta for w in cta]
+        arrays = {
+            "kv_start": [int(kv_indptr[s]) for _, s in flat],
+            "kv_len": [int(kv_indptr[s + 1] - kv_indptr[s]) for _, s in flat],
+            "work_indptr": [0] + torch.cumsum(torch.tensor([len(c) for c in per_cta]), 0).tolist(),
+            "segment": [s for _, s in flat],
+        }
+        offsets, at = {}, 64  # arrays Fa3Works does not read come first
+        pinned = wrapper._pin_memory_int_workspace_buffer
+        for name, values in arrays.items():
+            offsets[name] = at
+            pinned[at : at + 4 * len(values)].view(torch.int32)[:] = torch.tensor(values, dtype=torch.int32)
+            at += -(-4 * len(values) // 16) * 16
+        wrapper._int_workspace_buffer.copy_(pinned)
+        wrapper.module_calls.append(args)
+        info = [0] * 9  # PrefillPlanSM90Info.ToVector(): the offsets Fa3Works reads at 2, 4, 6, 7
+        info[2], info[4], info[6], info[7] = (
+            offsets[n] for n in ("kv_start", "kv_len", "work_indptr", "segment")
         )
+        return info
+
+    wrapper._cached_module = types.SimpleNamespace(plan=plan)
+    wrapper._pin_memory_int_workspace_buffer = torch.zeros(1 << 16, dtype=torch.uint8)
+    wrapper._int_workspace_buffer = torch.zeros(1 << 16, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("mask_heads", [2, 8])
+def test_a_reusable_fa3_plan_points_its_work_items_at_other_indices(
+    flashinfer_version: list[str], monkeypatch: pytest.MonkeyPatch, mask_heads: int
+) -> None:
+    """fa3's kernel reads each work item's KV start and length from the plan's arrays, never the run's
+    kv_indptr: `use_indices` rewrites those arrays in the int workspace, for every work item of every
+    query head, from the new device kv_indptr."""
+    from sglang_prefill_ext.ops import attention as attention_module
+
+    monkeypatch.setattr(attention_module, "multiprocessors", lambda device: 3)
+    _, layout, locs, _ = _setup([37, 0], [60, 45], 1, (8, 2))
+    first, later = _random_mask(layout, mask_heads, 0.3), _random_mask(layout, mask_heads, 0.6)
+    attention = _attention("fa3")
+    _fake_fa3_planner(attention._wrapper, 3)
+    attention.plan(build_plan_indices(first, layout, locs, 2), 8, mask_heads, 32, torch.bfloat16, 0.1)
+    assert not attention.reusable  # planned to be replaced every layer: nothing kept
+    attention.plan(
+        build_plan_indices(first, layout, locs, 2), 8, mask_heads, 32, torch.bfloat16, 0.1, reusable=True
+    )
+    assert attention.reusable and len(attention._wrapper.module_calls[-1]) == 16  # fa3: no split arguments
+    kv_indptr, kv_indices = device_plan_indices(later, layout, locs, 2)
+    attention.use_indices(kv_indptr, kv_indices)
+    wrapper = attention._wrapper
+    info = wrapper._plan_info
+    ints = wrapper._int_workspace_buffer
+    works = attention._works
+    total = works.segment.numel()
+    assert total == (8 // mask_heads) * (kv_indptr.numel() - 1)  # every (segment, query head)
+    segment = ints[info[7] : info[7] + 4 * total].view(torch.int32).long()
+    assert torch.equal(works.segment, segment)
+    assert torch.equal(ints[info[2] : info[2] + 4 * total].view(torch.int32), kv_indptr[segment])
+    kv_len = ints[info[4] : info[4] + 4 * total].view(torch.int32)
+    assert torch.equal(kv_len, kv_indptr[segment + 1] - kv_indptr[segment])
+    assert wrapper._paged_kv_indices_buf is kv_indices
 
 
 def test_plan_once_plans_the_first_sparse_layer_and_swaps_indices_after(
     flashinfer_version: list[str],
 ) -> None:
-    """With `plan_once` the forward's first plan is fa2's with the KV split off; a later layer only writes
-    its own indices (the host plan's, built on the device); the next forward plans again."""
+    """With `plan_once` the forward's first plan is reusable (fa2: the KV split off); a later layer only
+    writes its own indices (the host plan's, built on the device); the next forward plans again."""
     from sglang_prefill_ext.ops.settings import SparseSettings
     from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
 

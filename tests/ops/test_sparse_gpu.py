@@ -227,10 +227,12 @@ def test_random_masks_run_what_an_fp32_masked_reference_computes(
         offset += n
 
 
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
 @pytest.mark.parametrize("per_query_head", [False, True])
-def test_one_fa2_plan_serves_a_later_layers_mask(per_query_head: bool) -> None:
-    """Planned for one mask with the KV split off, fa2 runs another mask of the same segments from device
-    indices (`use_indices`) exactly as a fresh plan of it does."""
+def test_one_reusable_plan_serves_a_later_layers_mask(per_query_head: bool, backend: str) -> None:
+    """Planned reusable for one mask, fa2 (KV split off) and fa3 (work items' KV ranges rewritten) run
+    another mask of the same segments from device indices (`use_indices`) exactly as a fresh plan of it
+    does."""
     from sglang_prefill_ext.ops.plan import build_plan_indices, causal_tokens, device_plan_indices
 
     heads, head_dim = (12, 2), 128
@@ -251,13 +253,14 @@ def test_one_fa2_plan_serves_a_later_layers_mask(per_query_head: bool) -> None:
     q = torch.randn(layout.num_tokens, heads[0], head_dim, device=DEVICE).bfloat16()
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
     scale = head_dim**-0.5
-    fresh = BlockSparseAttention(workspace, "fa2")
+    fresh = BlockSparseAttention(workspace, backend)
     fresh.plan(
         build_plan_indices(later, layout, locs, heads[1]), heads[0], mask_heads, head_dim, q.dtype, scale
     )
-    once = BlockSparseAttention(torch.empty_like(workspace), "fa2")
+    once = BlockSparseAttention(torch.empty_like(workspace), backend)
     indices = build_plan_indices(first, layout, locs, heads[1])
-    once.plan(indices, heads[0], mask_heads, head_dim, q.dtype, scale, split_kv=False)
+    once.plan(indices, heads[0], mask_heads, head_dim, q.dtype, scale, reusable=True)
+    assert once.backend == backend
     buffer = torch.empty(causal_tokens(layout, mask_heads), dtype=torch.int32, device=DEVICE)
     once.use_indices(*device_plan_indices(later, layout, locs, heads[1], buffer))
     want = fresh.run(q, pool.k, pool.v)
