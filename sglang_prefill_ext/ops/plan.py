@@ -131,6 +131,44 @@ def build_plan_indices(
     return PlanIndices(qo.to(torch.int32), kv_indptr, kv_indices)
 
 
+@triton.jit
+def _expand_rows_kernel(
+    mask_ptr,
+    row_key_ptr,
+    row_cols_ptr,
+    key_len_ptr,
+    key_start_ptr,
+    locs_ptr,
+    indptr_ptr,
+    out_ptr,
+    num_rows,
+    max_cols,
+    heads_per_kv,
+    num_kv_heads,
+    BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    seg = tl.program_id(0)  # mask head * num_rows + row: one plan segment
+    kv_head = (seg // num_rows) // heads_per_kv
+    row = seg % num_rows
+    key0 = tl.load(row_key_ptr + row).to(tl.int64)
+    num_cols = tl.load(row_cols_ptr + row)
+    dest0 = tl.load(indptr_ptr + seg).to(tl.int64)
+    t = tl.arange(0, BLOCK)
+    for c0 in range(0, num_cols, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        kept = (c < num_cols) & (
+            tl.load(mask_ptr + seg.to(tl.int64) * max_cols + c, mask=c < num_cols, other=0) != 0
+        )
+        length = tl.load(key_len_ptr + key0 + c, mask=kept, other=0).to(tl.int64)
+        start = tl.load(key_start_ptr + key0 + c, mask=kept, other=0)
+        dest = dest0 + tl.cumsum(length, 0) - length
+        dest0 += tl.sum(length, 0)
+        live = t[None, :] < length[:, None]
+        loc = tl.load(locs_ptr + start[:, None] + t[None, :], mask=live, other=0)
+        tl.store(out_ptr + dest[:, None] + t[None, :], (loc * num_kv_heads + kv_head).to(tl.int32), mask=live)
+
+
 def device_plan_indices(
     mask: torch.Tensor,
     layout: BlockLayout,
@@ -138,39 +176,42 @@ def device_plan_indices(
     num_kv_heads: int | None = None,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`build_plan_indices`' kv_indptr and kv_indices with no host step: every (mask head, row, column) is a
-    run, empty where the mask drops it, so no `nonzero` and no read-back. Returns kv_indptr [Hm*R + 1] int32
-    on the device and `out` (kv_indices from entry 0; None: a new buffer for every causal block of every
-    mask head, `causal_tokens`, to pass again for the forward's later layers), whose entries past
-    kv_indptr[-1] are left as they were. On CPU tensors without Triton's interpreter the expansion is
-    torch's, which reads the total back."""
+    """`build_plan_indices`' kv_indptr and kv_indices with no host step (no `nonzero`, no read-back): one
+    program per (mask head, row) segment walks its causal columns and writes its kept blocks' tokens from
+    the segment's kv_indptr entry. Returns kv_indptr [Hm*R + 1] int32 on the device and `out` (kv_indices
+    from entry 0; None: a new buffer for every causal block of every mask head, `causal_tokens`, to pass
+    again for the forward's later layers), whose entries past kv_indptr[-1] are left as they were. Without
+    Triton (CPU tensors, no interpreter) it is `build_plan_indices`, read back."""
     num_mask_heads, num_rows, num_cols = mask.shape
     num_kv_heads = num_kv_heads or num_mask_heads
-    cols = torch.arange(num_cols, device=mask.device)
-    key = (layout.req_key_offset[layout.row_req.long()].long()[:, None] + cols[None, :]).clamp_max(
-        layout.num_key_blocks - 1
-    )
-    length = torch.where(mask, layout.key_len[key].long()[None], 0).reshape(-1)
-    ends = torch.cumsum(length, 0)
-    kv_indptr = torch.zeros(num_mask_heads * num_rows + 1, dtype=torch.int32, device=mask.device)
-    kv_indptr[1:] = ends.view(num_mask_heads * num_rows, num_cols)[:, -1]
-    heads = torch.arange(num_mask_heads, device=mask.device) // (num_mask_heads // num_kv_heads)
-    runs = BlockRuns(
-        locs,
-        layout.key_tok_start[key].expand(num_mask_heads, -1, -1).reshape(-1),
-        length,
-        ends - length,
-        heads.repeat_interleave(num_rows * num_cols),
-        num_kv_heads,
-        0,
-        layout.block_size,
-    )
     if out is None:
         out = torch.empty(causal_tokens(layout, num_mask_heads), dtype=torch.int32, device=mask.device)
-    if triton_enabled(mask):
-        return kv_indptr, expand_blocks_triton(runs, out)
-    indices = expand_blocks_torch(dataclasses.replace(runs, total=int(ends[-1])))
-    out[: indices.numel()] = indices
+    if not triton_enabled(mask):
+        host = build_plan_indices(mask, layout, locs, num_kv_heads)
+        out[: host.kv_indices.numel()] = host.kv_indices
+        return host.kv_indptr.to(mask.device), out
+    row_key = layout.req_key_offset[layout.row_req.long()]
+    cols = torch.arange(num_cols, device=mask.device)
+    key = (row_key.long()[:, None] + cols[None, :]).clamp_max(layout.num_key_blocks - 1)
+    counts = torch.where(mask, layout.key_len[key][None], 0).sum(-1, dtype=torch.int32)
+    kv_indptr = torch.zeros(num_mask_heads * num_rows + 1, dtype=torch.int32, device=mask.device)
+    torch.cumsum(counts.view(-1), 0, out=kv_indptr[1:])
+    _expand_rows_kernel[(num_mask_heads * num_rows,)](
+        mask.contiguous().view(torch.int8),
+        row_key,
+        layout.row_block + 1,  # causal columns of each row: up to its diagonal
+        layout.key_len,
+        layout.key_tok_start,
+        locs,
+        kv_indptr,
+        out,
+        num_rows,
+        num_cols,
+        num_mask_heads // num_kv_heads,
+        num_kv_heads,
+        BLOCK=layout.block_size,
+        BLOCK_C=max(1, 8192 // layout.block_size),
+    )
     return kv_indptr, out
 
 
