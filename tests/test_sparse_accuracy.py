@@ -129,3 +129,14 @@ def test_malformed_configs_are_refused(bench: ModuleType, bad: str) -> None:
 
     with pytest.raises(argparse.ArgumentTypeError):
         bench.parse_config(bad)
+
+
+def test_the_default_config_is_the_servers_selection(bench: ModuleType) -> None:
+    """Without --configs the bench measures what `--prefill-ext-sparse` runs by default."""
+    from sglang_prefill_ext.ops.settings import SparseSettings
+
+    want = SparseSettings()
+    settings = bench.parse_config(bench.default_config()).settings(
+        want.block_size, want.samples, want.local_blocks
+    )
+    assert settings == want

@@ -250,6 +250,13 @@ class Config:
         )
 
 
+def default_config() -> str:
+    """The server's default selection as a --configs entry."""
+    s = SparseSettings()
+    value = {"pooled": f"{s.threshold}", "hybrid": f"{s.threshold},{s.mass}"}.get(s.scorer, f"{s.mass}")
+    return f"{s.scorer}:{value}@x{s.stride}" + (",q" if s.per_query_head else "")
+
+
 def parse_config(text: str) -> Config:
     spec, _, opts = text.partition("@")
     scorer, _, value = spec.partition(":")
@@ -302,7 +309,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument(
         "--configs", type=parse_config, nargs="+",
-        default=[parse_config(f"{SparseSettings.scorer}:{SparseSettings.threshold},{SparseSettings.mass}")],
+        default=[parse_config(default_config())],
         help="SCORER:VALUE[@OPT,...]: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
         + "; OPT: q (per query head), bN (block size), sN (samples), xN (antidiagonal stride), layer "
         "(oracle: per-layer mass)",

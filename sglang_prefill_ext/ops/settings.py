@@ -74,10 +74,10 @@ class SparseSettings:
         "head per FlashInfer segment) instead of one set per KV head shared by its query heads.",
     )
     plan_once: bool = _setting(
-        False,
+        True,
         "Plan FlashInfer once per forward, at its first sparse layer; every later layer writes only its kept "
-        "blocks' indices and KV lengths, on the device (no host step per layer; fa2 is planned with the KV "
-        "split off). Off: every layer plans (a host step each).",
+        "blocks' indices and KV ranges, on the device (no host step per layer; fa3's plan has its work items' "
+        "KV ranges rewritten, fa2's is made with the KV split off). False: every layer plans (a host step each).",
     )
 
     def __post_init__(self) -> None:
