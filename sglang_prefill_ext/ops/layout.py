@@ -44,6 +44,9 @@ class BlockLayout:
     req_ctx_offset: torch.Tensor  # [B] offset of the request's positions in the flat context list
     key_tok_start: torch.Tensor  # [K] first entry of each key block in the flat context list
     key_len: torch.Tensor  # [K]
+    req_ends_prompt: (
+        torch.Tensor
+    )  # [B] bool: the extend holds the prompt's last token (a chunk before it does not)
 
     @property
     def num_rows(self) -> int:
@@ -64,8 +67,10 @@ class BlockLayout:
         extend_lens: Sequence[int],
         block_size: int,
         device: torch.device | str = "cpu",
+        ends_prompt: torch.Tensor | None = None,
     ) -> BlockLayout:
-        """Lay out requests with `prefix_lens[b]` cached and `extend_lens[b]` new tokens (host ints)."""
+        """Lay out requests with `prefix_lens[b]` cached and `extend_lens[b]` new tokens (host ints);
+        `ends_prompt` [B] bool on `device`: whether request b's extend ends its prompt (default: every one)."""
         if len(prefix_lens) != len(extend_lens):
             raise ValueError("prefix_lens and extend_lens differ in length")
         if any(n <= 0 for n in extend_lens) or any(p < 0 for p in prefix_lens):
@@ -115,6 +120,11 @@ class BlockLayout:
             req_ctx_offset=dev(req[:, 3], torch.int64),
             key_tok_start=dev(key[:, 0], torch.int64),
             key_len=dev(key[:, 1]),
+            req_ends_prompt=(
+                torch.ones(len(prefix_lens), dtype=torch.bool, device=device)
+                if ends_prompt is None
+                else ends_prompt
+            ),
         )
 
 

@@ -6,7 +6,7 @@ mean key per block (pooled from the KV cache): the score of query block r and ke
 head g is s = sm_scale * mean(q_r) . mean(k_c), exactly the mean logit over the block pair. For KV
 head h the block is kept when any query head of h's group has s >= max_c'(s) + log(threshold) (the
 estimated attention weight is at least `threshold` of the row's best), or a structural rule holds
-(sink, local window incl. the diagonal, last rows); only causal blocks (c <= the row's own block) are
+(sink, local window incl. the diagonal, the prompt's last rows); only causal blocks (c <= the row's own block) are
 ever kept. Output: bool [Hkv, R, max_key_blocks]; with `settings.per_query_head` each query head keeps
 the blocks its own score passes, [Hq, R, max_key_blocks].
 """
@@ -43,6 +43,7 @@ def _select_kernel(
     row_block_ptr,
     key_offset_ptr,
     num_keys_ptr,
+    ends_prompt_ptr,
     out_ptr,
     num_rows,
     max_cols,
@@ -77,7 +78,7 @@ def _select_kernel(
         cols = c0 + tl.arange(0, BLOCK_C)
         s = _scores(q, kpool_ptr, key_offset, cols, num_cols, num_kv_heads, head, HEAD_DIM)
         best = tl.maximum(best, tl.max(s, axis=1))
-    dense_row = diag >= num_keys - last_blocks
+    dense_row = (diag >= num_keys - last_blocks) & (tl.load(ends_prompt_ptr + req) != 0)
     out_row = out_ptr + (head.to(tl.int64) * num_rows + row) * max_cols
     q_out_rows = out_ptr + ((head * group + g).to(tl.int64) * num_rows + row) * max_cols
     for c0 in range(0, num_cols, BLOCK_C):
@@ -119,6 +120,7 @@ def select_blocks_triton(
         layout.row_block,
         layout.req_key_offset,
         layout.req_num_key_blocks,
+        layout.req_ends_prompt.to(torch.int8),
         out,
         num_rows,
         layout.max_key_blocks,
@@ -162,11 +164,13 @@ def _columns_and_diagonals(layout: BlockLayout, device: torch.device) -> tuple[t
 
 
 def structural_blocks(layout: BlockLayout, settings: SparseSettings, device: torch.device) -> torch.Tensor:
-    """Blocks kept whatever the scores (sinks, local window, diagonal, last rows), and causal: bool [R, C]."""
+    """Blocks kept whatever the scores (sinks, local window, diagonal, the last rows of an extend that ends
+    its prompt), and causal: bool [R, C]."""
     cols, diag = _columns_and_diagonals(layout, device)
-    last = layout.req_num_key_blocks[layout.row_req.long()].long().to(device)[:, None] - settings.last_blocks
+    req = layout.row_req.long()
+    last = layout.req_num_key_blocks[req].long().to(device)[:, None] - settings.last_blocks
     structural = (cols < settings.sink_blocks) | (cols > diag - settings.local_blocks) | (cols == diag)
-    structural = structural | (diag >= last)
+    structural = structural | ((diag >= last) & layout.req_ends_prompt[req].to(device)[:, None])
     return structural & (cols <= diag)
 
 

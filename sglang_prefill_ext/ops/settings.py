@@ -20,7 +20,7 @@ class SparseSettings:
 
     A query block keeps a key block when it is causal (not after the diagonal) and any of:
     a sink (one of the first `sink_blocks`), inside the local window (`local_blocks` ending at the
-    diagonal), the diagonal itself, the query block is one of the request's last `last_blocks`, or the
+    diagonal), the diagonal itself, the query block is one of the prompt's last `last_blocks`, or the
     scorer picks it. Scorer "sampled": the block is among the fewest, largest blocks holding `mass` of
     the row's attention as estimated from `samples` exact query rows per block and head (sampled.py).
     Scorer "antidiagonal": the same rule on the mass estimated from antidiagonal sums of `stride` x
@@ -66,7 +66,9 @@ class SparseSettings:
         4, "Key blocks up to and including the diagonal that every query block keeps (local window)."
     )
     last_blocks: int = _setting(
-        1, "The last N query blocks of each request's extend attend densely (e.g. the question at the end)."
+        1,
+        "The last N query blocks of each prompt attend densely (e.g. the question at the end), in the forward "
+        "holding the prompt's end; the chunks before it have none.",
     )
     per_query_head: bool = _setting(
         True,

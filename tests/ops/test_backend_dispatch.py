@@ -50,7 +50,9 @@ def _batch(
     mode: ForwardMode = ForwardMode.EXTEND,
     seq_lens: tuple[int, ...] = (1200, 40),
     prefix_lens: tuple[int, ...] | None = None,
+    prompt_lens: tuple[int, ...] | None = None,
 ):
+    """`prompt_lens`: SGLang's `orig_seq_lens` (default `seq_lens`: every extend ends its prompt)."""
     prefix = list(prefix_lens or [0] * len(seq_lens))
     extend = [s - p for s, p in zip(seq_lens, prefix, strict=True)]
     return types.SimpleNamespace(
@@ -59,6 +61,8 @@ def _batch(
         extend_prefix_lens_cpu=prefix,
         extend_seq_lens_cpu=extend,
         out_cache_loc=torch.arange(sum(extend)),
+        seq_lens=torch.tensor(seq_lens),
+        orig_seq_lens=torch.tensor(prompt_lens or seq_lens, dtype=torch.int32),
     )
 
 
@@ -173,3 +177,15 @@ def test_the_first_sparse_layer_alone_may_decline() -> None:
     k = torch.randn(3000, KV_HEADS, HEAD_DIM).bfloat16()
     out = path.forward(q, k, k, _layer(1), batch, save_kv_cache=True)
     assert out is not None and out.shape == q.shape and len(planned) == 1
+
+
+def test_the_layout_knows_which_extends_end_their_prompt() -> None:
+    """From SGLang's `orig_seq_lens` on the device: a chunk short of the prompt's length does not end it, so
+    its last rows are not kept dense (`SparseSettings.last_blocks`)."""
+    from sglang_prefill_ext.adapters.v0_5_17.sparse import ends_prompt
+
+    batch = _batch(seq_lens=(2048, 40, 1500), prefix_lens=(0, 0, 1000), prompt_lens=(100_000, 40, 1499))
+    assert ends_prompt(batch).tolist() == [False, True, True]
+    backend = _backend()
+    assert backend.ext_path.begin(batch)
+    assert backend.ext_path.sparse.layout.req_ends_prompt.tolist() == [False, True, True]

@@ -93,6 +93,30 @@ def test_structural_blocks_are_kept_whatever_the_scores() -> None:
         assert max(kept) == i
 
 
+@pytest.mark.parametrize("impl", [select_blocks_triton, select_blocks_torch])
+def test_only_an_extend_that_ends_its_prompt_keeps_its_last_rows_dense(impl) -> None:
+    """A chunk before the prompt's end is a stretch of text like any other: its last rows are selected
+    as every row is, not kept dense over the whole prefix (one long segment: the attention's critical
+    path)."""
+    gen = torch.Generator().manual_seed(3)
+    prefix, extend = [64, 64], [16 * 12, 16 * 12]
+    settings = SparseSettings(block_size=BLOCK, threshold=0.9, sink_blocks=1, local_blocks=1, last_blocks=2)
+    ends = torch.tensor([True, False])
+    layout = BlockLayout.build(prefix, extend, BLOCK, ends_prompt=ends)
+    qpool = torch.randn(layout.num_rows, 4, 32, generator=gen)
+    kpool = torch.randn(layout.num_key_blocks, 2, 32, generator=gen)
+    mask = impl(qpool, kpool, layout, settings, 1.0)
+    every = BlockLayout.build(prefix, extend, BLOCK)  # the default: every request ends its prompt
+    want = impl(qpool, kpool, every, settings, 1.0)
+    for b in range(2):
+        rows = (layout.row_req == b).nonzero().flatten()
+        for r in rows[-2:].tolist():
+            causal = int(layout.row_block[r]) + 1
+            assert bool(want[:, r, :causal].all())  # dense by default
+            assert bool(mask[:, r, :causal].all()) == bool(ends[b])
+        assert torch.equal(mask[:, rows[:-2]], want[:, rows[:-2]])  # the other rows are untouched
+
+
 def test_relative_threshold_keeps_exactly_the_blocks_near_the_best() -> None:
     layout = BlockLayout.build([0], [16 * 8], BLOCK)
     settings = SparseSettings(block_size=BLOCK, threshold=0.5, sink_blocks=0, local_blocks=0, last_blocks=0)
