@@ -17,7 +17,8 @@ Rows per length L:
             (fa2 / fa3, --backends): kernel speed vs density
   chunk     the last 8K chunk over a 120K cached prefix: sparse (each scorer) vs FlashInfer paged dense
             prefill; `_plan_once`: the antidiagonal mask through one reusable fa2 / fa3 plan made for another
-            mask, with device-built indices (plan_ms: no host step), rel_err against a fresh plan
+            mask, with device-built indices (plan_ms: no host step), rel_err against a fresh plan; `_mid`:
+            the same chunk before the prompt's end (no dense last rows)
 TFLOP/s counts the FLOPs each path executes (causal halves included); `ceiling` is a bf16 8K^3 matmul
 measured in the same run. Times are medians of CUDA-event timings after a warm-up.
 """
@@ -291,8 +292,7 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
                 indices_ms=indices_ms,
                 attn_ms=attn_ms,
                 tflops=flops / attn_ms / 1e9,
-                density=float(mask.sum())
-                / (mask.shape[0] * layout.num_rows * (prefix // BLOCK + layout.num_rows / 2)),
+                density=sparse.density(mask),
             )
         )
     rows += plan_once_rows(total, chunk, q_chunk, k, v, workspace)
@@ -308,45 +308,49 @@ def plan_once_rows(
     """The chunk's antidiagonal selection run through one reusable plan (fa2: split-KV off; fa3: its work
     items' KV ranges rewritten) made for another layer's mask, as every sparse layer of a forward after the
     first runs with --prefill-ext-sparse-plan-once: device indices + attention, no host step; rel_err
-    against a fresh plan of the same mask says whether the reuse is exact."""
+    against a fresh plan of the same mask says whether the reuse is exact. `_mid`: the same chunk before
+    the prompt's end (its last rows selected like the others, not dense over the whole prefix)."""
     prefix = total - chunk
     scale = D**-0.5
     locs = torch.arange(total, device=DEV)
-    layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV)
-    sparse = SparsePrefill(scorer_settings("antidiagonal"), BlockSparseAttention(workspace))
-    sparse.begin(layout, locs)
-    mask = sparse.select(q, k, scale)
-    select_ms = timed(lambda: sparse.select(q, k, scale), 5)
-    sparse.plan(mask, q, scale, num_kv_heads=HKV)
-    fresh = sparse.attention.run(q, k, v)
-    cols = torch.arange(layout.max_key_blocks, device=DEV)[None, :]
-    diag = layout.row_block.long()[:, None]
-    first = ((torch.rand(mask.shape, device=DEV) < 0.2) | (cols == diag)) & (cols <= diag)  # "layer 1"
-    first_indices = build_plan_indices(first, layout, locs, HKV)
-    flops = plan_flops(build_plan_indices(mask, layout, locs, HKV), mask.shape[0])
-    buffer = torch.empty(causal_tokens(layout, mask.shape[0]), dtype=torch.int32, device=DEV)
     rows = []
-    for backend in ("fa2", "fa3"):
+    for backend, ends in (("fa2", True), ("fa3", True), ("fa3", False)):
+        ends_prompt = torch.tensor([ends], device=DEV)
+        layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV, ends_prompt=ends_prompt)
+        sparse = SparsePrefill(scorer_settings("antidiagonal"), BlockSparseAttention(workspace))
+        sparse.begin(layout, locs)
+        mask = sparse.select(q, k, scale)
+        select_ms = timed(lambda sparse=sparse: sparse.select(q, k, scale), 5)
+        sparse.plan(mask, q, scale, num_kv_heads=HKV)
+        fresh = sparse.attention.run(q, k, v)
+        cols = torch.arange(layout.max_key_blocks, device=DEV)[None, :]
+        diag = layout.row_block.long()[:, None]
+        first = ((torch.rand(mask.shape, device=DEV) < 0.2) | (cols == diag)) & (cols <= diag)  # "layer 1"
+        buffer = torch.empty(causal_tokens(layout, mask.shape[0]), dtype=torch.int32, device=DEV)
         once = BlockSparseAttention(torch.empty_like(workspace), backend)
-        once.plan(first_indices, HQ, mask.shape[0], D, q.dtype, scale, reusable=True)
+        once.plan(
+            build_plan_indices(first, layout, locs, HKV), HQ, mask.shape[0], D, q.dtype, scale, reusable=True
+        )
 
-        def indices(once: BlockSparseAttention = once) -> None:
+        def indices(once=once, mask=mask, layout=layout, buffer=buffer) -> None:
             once.use_indices(*device_plan_indices(mask, layout, locs, HKV, buffer))
 
         plan_ms = timed(indices, 5)
         indices()
         attn_ms = timed(lambda once=once: once.run(q, k, v), 5)
         out = once.run(q, k, v)
+        kept = build_plan_indices(mask, layout, locs, HKV)
         rows.append(
             dict(
                 L=total,
-                path=f"chunk{chunk // 1024}K_antidiagonal_plan_once",
+                path=f"chunk{chunk // 1024}K_antidiagonal_plan_once" + ("" if ends else "_mid"),
                 backend=once.backend,
                 ms=select_ms + plan_ms + attn_ms,
                 select_ms=select_ms,
                 plan_ms=plan_ms,
                 attn_ms=attn_ms,
-                tflops=flops / attn_ms / 1e9,
+                tflops=plan_flops(kept, mask.shape[0]) / attn_ms / 1e9,
+                density=sparse.density(mask),
                 rel_err=float((out.float() - fresh.float()).norm() / fresh.float().norm()),
             )
         )
