@@ -41,97 +41,6 @@ def one_segment_indices(device: torch.device | str) -> PlanIndices:
 
 
 @triton.jit
-def _expand_kernel(
-    locs_ptr, start_ptr, length_ptr, dest_ptr, head_ptr, out_ptr, num_kv_heads, BLOCK: tl.constexpr
-):
-    e = tl.program_id(0)
-    start = tl.load(start_ptr + e)
-    n = tl.load(length_ptr + e)
-    dest = tl.load(dest_ptr + e)
-    head = tl.load(head_ptr + e)
-    t = tl.arange(0, BLOCK)
-    live = t < n
-    loc = tl.load(locs_ptr + start + t, mask=live, other=0)
-    tl.store(out_ptr + dest + t, (loc * num_kv_heads + head).to(tl.int32), mask=live)
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockRuns:
-    """Kept blocks, in plan order: the tokens locs[start[e] : start[e]+length[e]] of KV head head[e]
-    are written as page indices loc*num_kv_heads + head[e] to out[dest[e] : dest[e]+length[e]]."""
-
-    locs: torch.Tensor
-    start: torch.Tensor
-    length: torch.Tensor
-    dest: torch.Tensor
-    head: torch.Tensor
-    num_kv_heads: int
-    total: int
-    block_size: int
-
-
-def expand_blocks_triton(runs: BlockRuns, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Into `out` (at least `runs.total` int32 entries; default a new tensor of exactly that many)."""
-    if out is None:
-        out = torch.empty(runs.total, dtype=torch.int32, device=runs.locs.device)
-    if runs.start.numel():
-        _expand_kernel[(runs.start.numel(),)](
-            runs.locs,
-            runs.start,
-            runs.length,
-            runs.dest,
-            runs.head,
-            out,
-            runs.num_kv_heads,
-            BLOCK=runs.block_size,
-        )
-    return out
-
-
-def expand_blocks_torch(runs: BlockRuns) -> torch.Tensor:
-    length, total = runs.length.long(), runs.total  # the blocks are written back to back, in order
-    within = torch.arange(total, device=runs.locs.device) - torch.repeat_interleave(
-        torch.cumsum(length, 0) - length, length, output_size=total
-    )
-    pos = torch.repeat_interleave(runs.start, length, output_size=total) + within
-    heads = torch.repeat_interleave(runs.head, length, output_size=total)
-    return (runs.locs[pos] * runs.num_kv_heads + heads).to(torch.int32)
-
-
-def build_plan_indices(
-    mask: torch.Tensor, layout: BlockLayout, locs: torch.Tensor, num_kv_heads: int | None = None
-) -> PlanIndices:
-    """Indices for `BlockSparseAttention.plan` from a kept-block mask [Hm, R, C] (per KV head, or per query
-    head: Hm a multiple of the pool's `num_kv_heads`, default Hm) and the context's KV slots."""
-    num_mask_heads, num_rows, _ = mask.shape
-    num_kv_heads = num_kv_heads or num_mask_heads
-    head, row, col = mask.nonzero(as_tuple=True)  # sorted by (head, row, col): the plan's order
-    key = layout.req_key_offset[layout.row_req[row].long()].long() + col
-    length = layout.key_len[key].long()
-    counts = torch.zeros(num_mask_heads * num_rows, dtype=torch.int64, device=mask.device)
-    counts.index_add_(0, head * num_rows + row, length)
-    kv_indptr = torch.zeros(counts.numel() + 1, dtype=torch.int32)
-    kv_indptr[1:] = torch.cumsum(counts, 0).cpu()
-    total = int(kv_indptr[-1])
-    expand = expand_blocks_triton if triton_enabled(mask) else expand_blocks_torch
-    runs = BlockRuns(
-        locs,
-        layout.key_tok_start[key],
-        length,
-        torch.cumsum(length, 0) - length,
-        head // (num_mask_heads // num_kv_heads),
-        num_kv_heads,
-        total,
-        layout.block_size,
-    )
-    kv_indices = expand(runs)
-    n = layout.num_tokens
-    starts = layout.row_q_start_host.long()
-    qo = torch.cat([h * n + starts for h in range(num_mask_heads)] + [torch.tensor([num_mask_heads * n])])
-    return PlanIndices(qo.to(torch.int32), kv_indptr, kv_indices)
-
-
-@triton.jit
 def _expand_rows_kernel(
     mask_ptr,
     row_key_ptr,
@@ -169,36 +78,32 @@ def _expand_rows_kernel(
         tl.store(out_ptr + dest[:, None] + t[None, :], (loc * num_kv_heads + kv_head).to(tl.int32), mask=live)
 
 
-def device_plan_indices(
-    mask: torch.Tensor,
-    layout: BlockLayout,
-    locs: torch.Tensor,
-    num_kv_heads: int | None = None,
-    out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`build_plan_indices`' kv_indptr and kv_indices with no host step (no `nonzero`, no read-back): one
-    program per (mask head, row) segment walks its causal columns and writes its kept blocks' tokens from
-    the segment's kv_indptr entry. Returns kv_indptr [Hm*R + 1] int32 on the device and `out` (kv_indices
-    from entry 0; None: a new buffer for every causal block of every mask head, `causal_tokens`, to pass
-    again for the forward's later layers), whose entries past kv_indptr[-1] are left as they were. Without
-    Triton (CPU tensors, no interpreter) it is `build_plan_indices`, read back."""
+def _device_kv_indptr(mask: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    """kv_indptr [Hm*R + 1] int32 of a mask's segments, on its device: each (mask head, row)'s kept tokens."""
     num_mask_heads, num_rows, num_cols = mask.shape
-    num_kv_heads = num_kv_heads or num_mask_heads
-    if out is None:
-        out = torch.empty(causal_tokens(layout, num_mask_heads), dtype=torch.int32, device=mask.device)
-    if not triton_enabled(mask):
-        host = build_plan_indices(mask, layout, locs, num_kv_heads)
-        out[: host.kv_indices.numel()] = host.kv_indices
-        return host.kv_indptr.to(mask.device), out
-    row_key = layout.req_key_offset[layout.row_req.long()]
+    row_key = layout.req_key_offset[layout.row_req.long()].long()
     cols = torch.arange(num_cols, device=mask.device)
-    key = (row_key.long()[:, None] + cols[None, :]).clamp_max(layout.num_key_blocks - 1)
+    key = (row_key[:, None] + cols[None, :]).clamp_max(layout.num_key_blocks - 1)
     counts = torch.where(mask, layout.key_len[key][None], 0).sum(-1, dtype=torch.int32)
     kv_indptr = torch.zeros(num_mask_heads * num_rows + 1, dtype=torch.int32, device=mask.device)
     torch.cumsum(counts.view(-1), 0, out=kv_indptr[1:])
+    return kv_indptr
+
+
+def _expand_rows(
+    mask: torch.Tensor,
+    layout: BlockLayout,
+    locs: torch.Tensor,
+    num_kv_heads: int,
+    kv_indptr: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Every segment's kept tokens as page indices into `out` from its device `kv_indptr` entry, one Triton
+    program per (mask head, row) walking the row's causal columns."""
+    num_mask_heads, num_rows, num_cols = mask.shape
     _expand_rows_kernel[(num_mask_heads * num_rows,)](
         mask.contiguous().view(torch.int8),
-        row_key,
+        layout.req_key_offset[layout.row_req.long()],
         layout.row_block + 1,  # causal columns of each row: up to its diagonal
         layout.key_len,
         layout.key_tok_start,
@@ -212,7 +117,72 @@ def device_plan_indices(
         BLOCK=layout.block_size,
         BLOCK_C=max(1, 8192 // layout.block_size),
     )
-    return kv_indptr, out
+    return out
+
+
+def _torch_plan_indices(
+    mask: torch.Tensor, layout: BlockLayout, locs: torch.Tensor, num_kv_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_indptr (host) and kv_indices without Triton: the kept blocks by `nonzero`, expanded in torch."""
+    num_mask_heads, num_rows, _ = mask.shape
+    head, row, col = mask.nonzero(as_tuple=True)  # sorted by (head, row, col): the plan's order
+    key = layout.req_key_offset[layout.row_req[row].long()].long() + col
+    length = layout.key_len[key].long()
+    counts = torch.zeros(num_mask_heads * num_rows, dtype=torch.int64, device=mask.device)
+    counts.index_add_(0, head * num_rows + row, length)
+    kv_indptr = torch.zeros(counts.numel() + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(counts, 0).cpu()
+    total = int(kv_indptr[-1])
+    within = torch.arange(total, device=mask.device) - torch.repeat_interleave(
+        torch.cumsum(length, 0) - length, length, output_size=total
+    )
+    pos = torch.repeat_interleave(layout.key_tok_start[key], length, output_size=total) + within
+    heads = torch.repeat_interleave(head // (num_mask_heads // num_kv_heads), length, output_size=total)
+    return kv_indptr, (locs[pos] * num_kv_heads + heads).to(torch.int32)
+
+
+def build_plan_indices(
+    mask: torch.Tensor, layout: BlockLayout, locs: torch.Tensor, num_kv_heads: int | None = None
+) -> PlanIndices:
+    """Indices for `BlockSparseAttention.plan` from a kept-block mask [Hm, R, C] (per KV head, or per query
+    head: Hm a multiple of the pool's `num_kv_heads`, default Hm) and the context's KV slots."""
+    num_mask_heads = mask.shape[0]
+    num_kv_heads = num_kv_heads or num_mask_heads
+    if triton_enabled(mask):
+        device_indptr = _device_kv_indptr(mask, layout)
+        kv_indptr = device_indptr.cpu()
+        out = torch.empty(int(kv_indptr[-1]), dtype=torch.int32, device=mask.device)
+        kv_indices = _expand_rows(mask, layout, locs, num_kv_heads, device_indptr, out)
+    else:
+        kv_indptr, kv_indices = _torch_plan_indices(mask, layout, locs, num_kv_heads)
+    n = layout.num_tokens
+    starts = layout.row_q_start_host.long()
+    qo = torch.cat([h * n + starts for h in range(num_mask_heads)] + [torch.tensor([num_mask_heads * n])])
+    return PlanIndices(qo.to(torch.int32), kv_indptr, kv_indices)
+
+
+def device_plan_indices(
+    mask: torch.Tensor,
+    layout: BlockLayout,
+    locs: torch.Tensor,
+    num_kv_heads: int | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`build_plan_indices`' kv_indptr and kv_indices with no host step (no read-back): kv_indptr [Hm*R + 1]
+    int32 on the device and `out` (kv_indices from entry 0; None: a new buffer for every causal block of
+    every mask head, `causal_tokens`, to pass again for the forward's later layers), whose entries past
+    kv_indptr[-1] are left as they were. Without Triton (CPU tensors, no interpreter) it is
+    `build_plan_indices`, read back."""
+    num_mask_heads = mask.shape[0]
+    num_kv_heads = num_kv_heads or num_mask_heads
+    if out is None:
+        out = torch.empty(causal_tokens(layout, num_mask_heads), dtype=torch.int32, device=mask.device)
+    if not triton_enabled(mask):
+        host = build_plan_indices(mask, layout, locs, num_kv_heads)
+        out[: host.kv_indices.numel()] = host.kv_indices
+        return host.kv_indptr.to(mask.device), out
+    kv_indptr = _device_kv_indptr(mask, layout)
+    return kv_indptr, _expand_rows(mask, layout, locs, num_kv_heads, kv_indptr, out)
 
 
 def causal_tokens(layout: BlockLayout, num_mask_heads: int) -> int:

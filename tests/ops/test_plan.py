@@ -11,13 +11,10 @@ from kvpool import causal_attention, emulate_paged_prefill, make_pool, request_k
 from sglang_prefill_ext.ops.attention import BlockSparseAttention, to_head_major, to_token_major
 from sglang_prefill_ext.ops.layout import BlockLayout, context_locs
 from sglang_prefill_ext.ops.plan import (
-    BlockRuns,
     PlanIndices,
     build_plan_indices,
     causal_tokens,
     device_plan_indices,
-    expand_blocks_torch,
-    expand_blocks_triton,
 )
 
 BLOCK = 16
@@ -39,15 +36,25 @@ def _random_mask(layout: BlockLayout, num_kv_heads: int, density: float) -> torc
     return keep & (cols <= diag)
 
 
-def test_expand_triton_matches_torch() -> None:
-    _, layout, locs, _ = _setup([37, 0], [60, 45], 4, (4, 2))
-    mask = _random_mask(layout, 2, 0.5)
-    head, row, col = mask.nonzero(as_tuple=True)
-    key = layout.req_key_offset[layout.row_req[row].long()].long() + col
-    length = layout.key_len[key].long()
-    dest = torch.cumsum(length, 0) - length
-    runs = BlockRuns(locs, layout.key_tok_start[key], length, dest, head, 2, int(length.sum()), BLOCK)
-    assert torch.equal(expand_blocks_triton(runs), expand_blocks_torch(runs))
+def _torch_indices(monkeypatch: pytest.MonkeyPatch, *args) -> PlanIndices:
+    """`build_plan_indices` without Triton: `nonzero` and a torch expansion, the reference for the kernel."""
+    from sglang_prefill_ext.ops import plan
+
+    with monkeypatch.context() as patched:
+        patched.setattr(plan, "triton_enabled", lambda tensor: False)
+        return build_plan_indices(*args)
+
+
+@pytest.mark.parametrize("mask_heads", [2, 8])
+def test_the_expansion_kernel_builds_the_torch_indices(
+    monkeypatch: pytest.MonkeyPatch, mask_heads: int
+) -> None:
+    _, layout, locs, _ = _setup([37, 0, 5], [60, 45, 1], 4, (8, 2))
+    mask = _random_mask(layout, mask_heads, 0.5)
+    got = build_plan_indices(mask, layout, locs, 2)
+    want = _torch_indices(monkeypatch, mask, layout, locs, 2)
+    assert torch.equal(got.kv_indptr, want.kv_indptr) and torch.equal(got.kv_indices, want.kv_indices)
+    assert torch.equal(got.qo_indptr, want.qo_indptr)
 
 
 def test_indices_list_kept_tokens_per_head_and_row_with_the_diagonal_last() -> None:
@@ -221,7 +228,7 @@ def test_device_indices_are_the_host_plans_without_a_host_step(
         monkeypatch.setattr(plan, "triton_enabled", lambda tensor: False)
     _, layout, locs, _ = _setup([37, 0, 5], [60, 45, 1], 4, (8, 2))
     mask = _random_mask(layout, mask_heads, 0.4)
-    want = build_plan_indices(mask, layout, locs, 2)
+    want = _torch_indices(monkeypatch, mask, layout, locs, 2)
     buffer = torch.full((causal_tokens(layout, mask_heads),), -7, dtype=torch.int32)
     kv_indptr, kv_indices = device_plan_indices(mask, layout, locs, 2, buffer)
     total = int(want.kv_indptr[-1])
