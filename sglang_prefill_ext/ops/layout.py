@@ -44,9 +44,7 @@ class BlockLayout:
     req_ctx_offset: torch.Tensor  # [B] offset of the request's positions in the flat context list
     key_tok_start: torch.Tensor  # [K] first entry of each key block in the flat context list
     key_len: torch.Tensor  # [K]
-    req_ends_prompt: (
-        torch.Tensor
-    )  # [B] bool: the extend holds the prompt's last token (a chunk before it does not)
+    req_ends_prompt: torch.Tensor  # [B] bool: the extend holds its prompt's last token
 
     @property
     def num_rows(self) -> int:
