@@ -13,7 +13,7 @@ Blocks are aligned to absolute positions (layout.py); each request's queries are
 query blocks and its keys to whole key blocks, and packed rows holding no query are left out. The
 packed product is written once (bf16 on the GPU) and read once, by `block_lse`: each packed row's
 log-sum-exp over each key block's packed columns, causal (a packed column after the packed row is
-masked). Normalising and summing those per query block is a few small torch ops.
+masked). `tile_mass` softmaxes those per packed row and sums them per query block, in one kernel.
 """
 
 from __future__ import annotations
@@ -83,6 +83,91 @@ def block_lse(s: torch.Tensor, row_pos: torch.Tensor, per_block: int) -> torch.T
     return impl(s, row_pos.to(torch.int32).contiguous(), per_block)
 
 
+@triton.jit
+def _tile_mass_kernel(
+    lse_ptr,
+    out_ptr,
+    packed_rows,
+    num_cols,
+    group,
+    out_head_stride,
+    out_row0,
+    max_cols,
+    P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """One (query head, query block): its P packed rows' block lse -> softmax per row -> summed over the
+    rows, normalised (mean over the rows holding a query). Two passes: online row lse, then the mass."""
+    head = tl.program_id(0)
+    qb = tl.program_id(1)
+    kv_head = head // group
+    rows = ((kv_head * packed_rows + qb * P + tl.arange(0, P)) * group + head % group).to(tl.int64)
+    row_max = tl.full([P], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([P], dtype=tl.float32)
+    for c0 in range(0, num_cols, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        x = tl.load(
+            lse_ptr + rows[:, None] * num_cols + c[None, :], mask=c[None, :] < num_cols, other=float("-inf")
+        )
+        new_max = tl.maximum(row_max, tl.max(x, 1))
+        safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+        row_sum = row_sum * tl.exp(row_max - safe) + tl.sum(tl.exp(x - safe[:, None]), 1)
+        row_max = new_max
+    live = row_sum > 0
+    row_lse = tl.where(
+        live, tl.where(live, row_max, 0.0) + tl.log(tl.where(live, row_sum, 1.0)), float("inf")
+    )
+    scale = 1.0 / tl.maximum(tl.sum(live.to(tl.float32), 0), 1.0)
+    out_row = out_ptr + head.to(tl.int64) * out_head_stride + (out_row0 + qb).to(tl.int64) * max_cols
+    for c0 in range(0, num_cols, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        x = tl.load(
+            lse_ptr + rows[:, None] * num_cols + c[None, :], mask=c[None, :] < num_cols, other=float("-inf")
+        )
+        tl.store(out_row + c, tl.sum(tl.exp(x - row_lse[:, None]), 0) * scale, mask=c < num_cols)
+
+
+def tile_mass_triton(
+    lse: torch.Tensor, out: torch.Tensor, group: int, per_block: int, first_row: int
+) -> None:
+    num_cols = lse.shape[1]
+    num_qo_heads = out.shape[0]
+    packed_rows = lse.shape[0] // num_qo_heads
+    _tile_mass_kernel[(num_qo_heads, packed_rows // per_block)](
+        lse,
+        out,
+        packed_rows,
+        num_cols,
+        group,
+        out.stride(0),
+        first_row,
+        out.shape[2],
+        P=per_block,
+        BLOCK_C=min(triton.next_power_of_2(num_cols), 4096 // per_block),
+        num_warps=4,
+    )
+
+
+def tile_mass_torch(lse: torch.Tensor, out: torch.Tensor, group: int, per_block: int, first_row: int) -> None:
+    num_qo_heads, num_cols = out.shape[0], lse.shape[1]
+    m = lse.shape[0] // num_qo_heads
+    lse = (
+        lse.view(num_qo_heads // group, m, group, num_cols).transpose(1, 2).reshape(num_qo_heads, m, num_cols)
+    )
+    p = torch.exp(lse - lse.logsumexp(-1, keepdim=True).clamp_min(_FLOOR))
+    tiles = p.view(num_qo_heads, m // per_block, per_block, num_cols).sum(2)
+    tiles /= tiles.sum(-1, keepdim=True).clamp_min(1e-30)
+    out[:, first_row : first_row + tiles.shape[1], :num_cols] = tiles
+
+
+def tile_mass(lse: torch.Tensor, out: torch.Tensor, group: int, per_block: int, first_row: int) -> None:
+    """Packed rows' block lse [Hkv * m * G, C] (rows ordered KV head, packed row, group member; m a multiple
+    of `per_block`, -inf where nothing is visible) -> each query block's mass over key blocks, summing to 1,
+    written to out[Hq, first_row + m / per_block rows, :C]."""
+    impl = tile_mass_triton if triton_enabled(lse) else tile_mass_torch
+    impl(lse.contiguous(), out, group, per_block, first_row)
+
+
 def antidiagonal_mass(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -111,8 +196,9 @@ def antidiagonal_mass(
         num_rows = num_cols - first_block
         packed_rows = num_rows * per_block
         # [Hkv, packed columns, S*D]
-        keys = torch.zeros(num_kv_heads, num_cols * bsz, head_dim, dtype=q.dtype, device=q.device)
+        keys = torch.empty(num_kv_heads, num_cols * bsz, head_dim, dtype=q.dtype, device=q.device)
         keys[:, :ctx] = k_buffer[locs[ctx_offset : ctx_offset + ctx].long()].transpose(0, 1)
+        keys[:, ctx:] = 0
         keys = keys.view(num_kv_heads, num_cols * per_block, stride * head_dim)
         # [Hkv, packed rows, G, S*D], scaled, each packed row's positions reversed: its dot with a
         # packed column sums the tile's antidiagonal
@@ -131,17 +217,10 @@ def antidiagonal_mass(
             has_query = ((packed + 1) * stride > prefix) & (packed * stride < ctx)
             pos = torch.where(has_query, packed, -1).repeat_interleave(group).repeat(num_kv_heads)
             lse = block_lse(s.view(num_kv_heads * m * group, -1), pos, per_block)
-            lse = (
-                lse.view(num_kv_heads, m, group, num_cols).transpose(1, 2).reshape(num_qo_heads, m, num_cols)
-            )
-            p = torch.exp(lse - lse.logsumexp(-1, keepdim=True).clamp_min(_FLOOR))
-            tiles = p.view(num_qo_heads, m // per_block, per_block, num_cols).sum(2)
-            rows = first_row + r0 // per_block
-            out[:, rows : rows + tiles.shape[1], :num_cols] = tiles
+            tile_mass(lse, out, group, per_block, first_row + r0 // per_block)
         first_row += num_rows
         q_offset += extend
         ctx_offset += ctx
-    out /= out.sum(-1, keepdim=True).clamp_min(1e-30)
     if per_query_head:
         return out
     return out.view(num_kv_heads, group, layout.num_rows, layout.max_key_blocks).mean(1)

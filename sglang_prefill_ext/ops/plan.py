@@ -62,20 +62,25 @@ def _expand_rows_kernel(
     row = seg % num_rows
     key0 = tl.load(row_key_ptr + row).to(tl.int64)
     num_cols = tl.load(row_cols_ptr + row)
-    dest0 = tl.load(indptr_ptr + seg).to(tl.int64)
+    dest = tl.load(indptr_ptr + seg).to(tl.int64)
     t = tl.arange(0, BLOCK)
     for c0 in range(0, num_cols, BLOCK_C):
+        # the tile's mask and block ranges in one load each; then only its kept blocks are copied, one
+        # block (BLOCK tokens) per step: a sparse row costs its kept blocks, not its causal width
         c = c0 + tl.arange(0, BLOCK_C)
         kept = (c < num_cols) & (
             tl.load(mask_ptr + seg.to(tl.int64) * max_cols + c, mask=c < num_cols, other=0) != 0
         )
-        length = tl.load(key_len_ptr + key0 + c, mask=kept, other=0).to(tl.int64)
+        length = tl.load(key_len_ptr + key0 + c, mask=kept, other=0)
         start = tl.load(key_start_ptr + key0 + c, mask=kept, other=0)
-        dest = dest0 + tl.cumsum(length, 0) - length
-        dest0 += tl.sum(length, 0)
-        live = t[None, :] < length[:, None]
-        loc = tl.load(locs_ptr + start[:, None] + t[None, :], mask=live, other=0)
-        tl.store(out_ptr + dest[:, None] + t[None, :], (loc * num_kv_heads + kv_head).to(tl.int32), mask=live)
+        rank = tl.cumsum(kept.to(tl.int32), 0) - 1
+        for j in range(tl.sum(kept.to(tl.int32), 0)):
+            pick = kept & (rank == j)
+            n = tl.sum(tl.where(pick, length, 0), 0)
+            first = tl.sum(tl.where(pick, start, 0), 0)
+            loc = tl.load(locs_ptr + first + t, mask=t < n, other=0)
+            tl.store(out_ptr + dest + t, (loc * num_kv_heads + kv_head).to(tl.int32), mask=t < n)
+            dest += n
 
 
 def _device_kv_indptr(mask: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
@@ -99,7 +104,7 @@ def _expand_rows(
     out: torch.Tensor,
 ) -> torch.Tensor:
     """Every segment's kept tokens as page indices into `out` from its device `kv_indptr` entry, one Triton
-    program per (mask head, row) walking the row's causal columns."""
+    program per (mask head, row) walking the row's causal columns, copying its kept blocks."""
     num_mask_heads, num_rows, num_cols = mask.shape
     _expand_rows_kernel[(num_mask_heads * num_rows,)](
         mask.contiguous().view(torch.int8),
@@ -115,7 +120,7 @@ def _expand_rows(
         num_mask_heads // num_kv_heads,
         num_kv_heads,
         BLOCK=layout.block_size,
-        BLOCK_C=max(1, 8192 // layout.block_size),
+        BLOCK_C=256,
     )
     return out
 

@@ -120,7 +120,7 @@ def select_blocks_triton(
         layout.row_block,
         layout.req_key_offset,
         layout.req_num_key_blocks,
-        layout.req_ends_prompt.to(torch.int8),
+        layout.req_ends_prompt.view(torch.int8),
         out,
         num_rows,
         layout.max_key_blocks,
@@ -188,6 +188,77 @@ def select_blocks_torch(
     return (passed & causal[None]) | structural_blocks(layout, settings, s.device)[None]
 
 
+@triton.jit
+def _mass_select_kernel(
+    mass_ptr,
+    row_req_ptr,
+    row_block_ptr,
+    num_keys_ptr,
+    ends_prompt_ptr,
+    out_ptr,
+    num_rows,
+    max_cols,
+    fraction,
+    sink_blocks,
+    local_blocks,
+    last_blocks,
+    BLOCK_C: tl.constexpr,
+):
+    """One (head, row): the largest blocks holding `fraction` of its mass, found as a threshold: the largest
+    value v with sum(mass >= v) >= fraction * sum(mass), bisected over the fp32 bit patterns (ordered like the
+    non-negative values they encode; 31 steps end on a value of the row), plus the structural blocks."""
+    seg = tl.program_id(0)
+    row = seg % num_rows
+    diag = tl.load(row_block_ptr + row)
+    req = tl.load(row_req_ptr + row)
+    cols = tl.arange(0, BLOCK_C)
+    causal = cols <= diag
+    base = seg.to(tl.int64) * max_cols
+    x = tl.maximum(tl.load(mass_ptr + base + cols, mask=causal & (cols < max_cols), other=0.0), 0.0)
+    goal = fraction * tl.sum(x, 0)
+    bits = x.to(tl.int32, bitcast=True)
+    hi = tl.max(bits, 0) + 1
+    lo = hi * 0
+    for _ in range(31):
+        mid = lo + (hi - lo) // 2
+        held = tl.sum(tl.where(bits >= mid, x, 0.0), 0) >= goal
+        lo = tl.where(held, mid, lo)
+        hi = tl.where(held, hi, mid)
+    keep = (bits >= lo) & (x > tl.where(goal > 0, 0.0, float("inf")))  # nothing to hold: none kept
+    dense_row = (diag >= tl.load(num_keys_ptr + req) - last_blocks) & (tl.load(ends_prompt_ptr + req) != 0)
+    structural = (cols < sink_blocks) | (cols > diag - local_blocks) | (cols == diag) | dense_row
+    tl.store(out_ptr + base + cols, ((keep | structural) & causal).to(tl.int8), mask=cols < max_cols)
+
+
+def select_by_mass_triton(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
+    heads, num_rows, max_cols = mass.shape
+    out = torch.empty(heads, num_rows, max_cols, dtype=torch.int8, device=mass.device)
+    if out.numel() == 0:
+        return out.bool()
+    block_c = triton.next_power_of_2(max_cols)
+    _mass_select_kernel[(heads * num_rows,)](
+        mass.contiguous(),
+        layout.row_req,
+        layout.row_block,
+        layout.req_num_key_blocks,
+        layout.req_ends_prompt.view(torch.int8),
+        out,
+        num_rows,
+        max_cols,
+        settings.mass,
+        settings.sink_blocks,
+        settings.local_blocks,
+        settings.last_blocks,
+        BLOCK_C=block_c,
+        num_warps=max(4, min(16, block_c // 256)),
+    )
+    return out.bool()
+
+
+def select_by_mass_torch(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
+    return largest_holding(mass, settings.mass) | structural_blocks(layout, settings, mass.device)[None]
+
+
 def select_by_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
     """Per (head, row) the fewest key blocks whose estimated mass reaches `settings.mass` (largest
     first), plus the structural blocks: bool [H, R, C] (H: the mass's heads, KV or query heads). `mass` is
@@ -195,7 +266,8 @@ def select_by_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSett
     if settings.mass >= 1.0:
         cols, diag = _columns_and_diagonals(layout, mass.device)
         return (cols <= diag)[None].expand_as(mass).clone()
-    return largest_holding(mass, settings.mass) | structural_blocks(layout, settings, mass.device)[None]
+    impl = select_by_mass_triton if triton_enabled(mass) else select_by_mass_torch
+    return impl(mass, layout, settings)
 
 
 def largest_holding(mass: torch.Tensor, fraction: float) -> torch.Tensor:

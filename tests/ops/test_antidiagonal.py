@@ -7,7 +7,13 @@ import torch
 from kvpool import scattered_batch
 
 from sglang_prefill_ext.ops import antidiagonal
-from sglang_prefill_ext.ops.antidiagonal import antidiagonal_mass, block_lse_torch, block_lse_triton
+from sglang_prefill_ext.ops.antidiagonal import (
+    antidiagonal_mass,
+    block_lse_torch,
+    block_lse_triton,
+    tile_mass_torch,
+    tile_mass_triton,
+)
 from sglang_prefill_ext.ops.layout import BlockLayout
 from sglang_prefill_ext.ops.scoring import select_by_mass
 from sglang_prefill_ext.ops.settings import SparseSettings
@@ -79,6 +85,24 @@ def test_the_block_lse_kernel_matches_torch(per_block: int) -> None:
     assert bool(torch.isinf(want[row_pos == -1]).all()) and bool(
         torch.isfinite(want[:, 0][row_pos >= 0]).all()
     )
+
+
+@pytest.mark.parametrize(("per_block", "num_cols"), [(8, 700), (4, 5), (1, 33)])
+def test_the_tile_mass_kernel_matches_torch(per_block: int, num_cols: int) -> None:
+    """Block lse of 2 KV heads x 3 group members, rows without a query (all -inf) inside query blocks,
+    rows wider than one column tile, written at an offset into a wider mass."""
+    gen = torch.Generator().manual_seed(num_cols)
+    m = 3 * per_block
+    lse = torch.randn(2 * m * 3, num_cols, generator=gen) * 3
+    lse[torch.rand(lse.shape, generator=gen) < 0.3] = float("-inf")
+    lse[4] = float("-inf")
+    got, want = (torch.zeros(6, 7, num_cols + 2) for _ in range(2))
+    tile_mass_triton(lse, got, 3, per_block, 2)
+    tile_mass_torch(lse, want, 3, per_block, 2)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    live = torch.isfinite(lse).any(-1).view(2, 3, per_block, 3).permute(0, 3, 1, 2).reshape(6, 3, per_block)
+    torch.testing.assert_close(got[:, 2:5].sum(-1), live.any(-1).float())  # 1, or 0: no query in the block
+    assert bool(live.any(-1).all()) != (per_block == 1)
 
 
 def test_rows_processed_in_steps_give_the_same_mass(monkeypatch: pytest.MonkeyPatch) -> None:

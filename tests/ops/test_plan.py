@@ -46,11 +46,15 @@ def _torch_indices(monkeypatch: pytest.MonkeyPatch, *args) -> PlanIndices:
 
 
 @pytest.mark.parametrize("mask_heads", [2, 8])
+@pytest.mark.parametrize(
+    ("prefix", "extend", "density"), [([37, 0, 5], [60, 45, 1], 0.5), ([16 * 300 + 3], [40], 0.05)]
+)
 def test_the_expansion_kernel_builds_the_torch_indices(
-    monkeypatch: pytest.MonkeyPatch, mask_heads: int
+    monkeypatch: pytest.MonkeyPatch, mask_heads: int, prefix: list[int], extend: list[int], density: float
 ) -> None:
-    _, layout, locs, _ = _setup([37, 0, 5], [60, 45, 1], 4, (8, 2))
-    mask = _random_mask(layout, mask_heads, 0.5)
+    """Also a sparse row wider than the kernel's column tile (256 blocks)."""
+    _, layout, locs, _ = _setup(prefix, extend, 4, (8, 2))
+    mask = _random_mask(layout, mask_heads, density)
     got = build_plan_indices(mask, layout, locs, 2)
     want = _torch_indices(monkeypatch, mask, layout, locs, 2)
     assert torch.equal(got.kv_indptr, want.kv_indptr) and torch.equal(got.kv_indices, want.kv_indices)

@@ -12,6 +12,8 @@ from sglang_prefill_ext.ops.scoring import (
     block_scores_torch,
     select_blocks_torch,
     select_blocks_triton,
+    select_by_mass_torch,
+    select_by_mass_triton,
 )
 from sglang_prefill_ext.ops.settings import SparseSettings
 
@@ -174,3 +176,22 @@ def test_a_layout_denser_than_the_limit_is_declined_before_planning() -> None:
     assert sparse.density() == pytest.approx(1.0)
     with pytest.raises(AttributeError):  # past the limit it plans, here on a missing attention object
         sparse.select_and_plan(q, k_pool, 32**-0.5, max_density=1.0)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 0.8, 0.95, 0.999])
+@pytest.mark.parametrize("ends", [True, False])
+def test_the_mass_selection_kernel_keeps_what_the_sort_keeps(fraction: float, ends: bool) -> None:
+    """Random row masses (zero outside causal blocks, heavy-tailed like attention, some rows all zero): the
+    bisected threshold keeps exactly the sort's fewest largest blocks; rows wider than 256 columns."""
+    ends_prompt = torch.tensor([ends, True])
+    layout = BlockLayout.build([16 * 300, 5], [40, 70], BLOCK, ends_prompt=ends_prompt)
+    gen = torch.Generator().manual_seed(int(fraction * 1000))
+    mass = torch.randn(6, layout.num_rows, layout.max_key_blocks, generator=gen).exp() ** 3
+    causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
+    mass = mass * causal[None]
+    mass[2, 1] = 0.0
+    mass /= mass.sum(-1, keepdim=True).clamp_min(1e-30)
+    settings = SparseSettings(block_size=BLOCK, mass=fraction, sink_blocks=1, local_blocks=2, last_blocks=2)
+    got = select_by_mass_triton(mass, layout, settings)
+    assert torch.equal(got, select_by_mass_torch(mass, layout, settings))
+    assert layout.max_key_blocks > 256 and bool((got.sum(-1) > 0).all())
