@@ -10,13 +10,17 @@ normalised per query block, it estimates mass[h, r, c] like the sampled scorer's
 row summing to 1. Per query head, or with the group's mean per KV head.
 
 Blocks are aligned to absolute positions (layout.py); each request's queries are zero-padded to whole
-query blocks and its keys to whole key blocks, and packed rows holding no query are left out. The
-packed product is written once (bf16 on the GPU) and read once, by `block_lse`: each packed row's
-log-sum-exp over each key block's packed columns, causal (a packed column after the packed row is
-masked). `tile_mass` softmaxes those per packed row and sums them per query block, in one kernel.
+query blocks and its keys to whole key blocks, and packed rows holding no query are left out. Both are
+packed by one gather each, through row indices made once per forward (`Packing`). The packed product,
+over the causal columns of each step of rows, is written once (bf16 on the GPU) and read once, by
+`block_lse`: each packed row's log-sum-exp over each key block's packed columns, scaled in fp32, causal
+(a packed column after the packed row is masked). `tile_mass` softmaxes those per packed row and sums
+them per query block, in one kernel.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -29,13 +33,39 @@ SCORE_BYTES = 1 << 29  # packed scores held at once per request (rows are proces
 _FLOOR = -1.0e30
 
 
+@dataclasses.dataclass(frozen=True)
+class PackedRows:
+    """One step's rows of the scoring matmul: per KV head, `count` packed rows from absolute packed row
+    `first`, each once per query head of the group (ordered KV head, packed row, group member), of a
+    request whose queries sit at positions [prefix, ctx), `stride` positions per packed row."""
+
+    first: int
+    count: int
+    group: int
+    prefix: int
+    ctx: int
+    stride: int
+
+    def positions(self, num_rows: int, device: torch.device | str) -> torch.Tensor:
+        """Each row's absolute packed position, -1 for a packed row holding no query: [num_rows] int32."""
+        packed = self.first + (torch.arange(num_rows, device=device) // self.group) % self.count
+        live = ((packed + 1) * self.stride > self.prefix) & (packed * self.stride < self.ctx)
+        return torch.where(live, packed, -1).to(torch.int32)
+
+
 @triton.jit
 def _block_lse_kernel(
     s_ptr,
-    row_pos_ptr,
     out_ptr,
     num_rows,
     num_blocks,
+    first,
+    count,
+    group,
+    prefix,
+    ctx,
+    stride,
+    scale,
     P: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -43,11 +73,13 @@ def _block_lse_kernel(
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     blocks = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     row_live = rows < num_rows
-    pos = tl.load(row_pos_ptr + rows, mask=row_live, other=-1)
+    packed = first + (rows // group) % count
+    has_query = ((packed + 1) * stride > prefix) & (packed * stride < ctx)
+    pos = tl.where(row_live & has_query, packed, -1)
     cols = blocks[None, :, None] * P + tl.arange(0, P)[None, None, :]  # [1, BLOCK_C, P]
     live = row_live[:, None, None] & (blocks < num_blocks)[None, :, None]
     s = tl.load(s_ptr + rows.to(tl.int64)[:, None, None] * (num_blocks * P) + cols, mask=live, other=0.0)
-    s = tl.where(live & (cols <= pos[:, None, None]), s.to(tl.float32), float("-inf"))
+    s = tl.where(live & (cols <= pos[:, None, None]), s.to(tl.float32) * scale, float("-inf"))
     block_max = tl.max(s, axis=2)
     safe_max = tl.where(block_max == float("-inf"), 0.0, block_max)
     block_sum = tl.sum(tl.exp(s - safe_max[:, :, None]), axis=2)
@@ -56,31 +88,113 @@ def _block_lse_kernel(
     tl.store(out_ptr + out, lse, mask=row_live[:, None] & (blocks < num_blocks)[None, :])
 
 
-def block_lse_triton(s: torch.Tensor, row_pos: torch.Tensor, per_block: int) -> torch.Tensor:
+def block_lse_triton(s: torch.Tensor, rows: PackedRows, per_block: int, scale: float) -> torch.Tensor:
     num_rows, num_cols = s.shape
     num_blocks = num_cols // per_block
     out = torch.empty(num_rows, num_blocks, dtype=torch.float32, device=s.device)
     block_c = max(1, 256 // per_block)
     grid = (triton.cdiv(num_rows, 32), triton.cdiv(num_blocks, block_c))
     _block_lse_kernel[grid](
-        s, row_pos, out, num_rows, num_blocks, P=per_block, BLOCK_R=32, BLOCK_C=block_c, num_warps=4
+        s,
+        out,
+        num_rows,
+        num_blocks,
+        rows.first,
+        rows.count,
+        rows.group,
+        rows.prefix,
+        rows.ctx,
+        rows.stride,
+        scale,
+        P=per_block,
+        BLOCK_R=32,
+        BLOCK_C=block_c,
+        num_warps=4,
     )
     return out
 
 
-def block_lse_torch(s: torch.Tensor, row_pos: torch.Tensor, per_block: int) -> torch.Tensor:
+def block_lse_torch(s: torch.Tensor, rows: PackedRows, per_block: int, scale: float) -> torch.Tensor:
     num_rows, num_cols = s.shape
+    row_pos = rows.positions(num_rows, s.device)
     cols = torch.arange(num_cols, device=s.device)
-    s = s.float().masked_fill(cols[None, :] > row_pos[:, None], float("-inf"))
+    s = (s.float() * scale).masked_fill(cols[None, :] > row_pos[:, None], float("-inf"))
     return s.view(num_rows, num_cols // per_block, per_block).logsumexp(-1)
 
 
-def block_lse(s: torch.Tensor, row_pos: torch.Tensor, per_block: int) -> torch.Tensor:
-    """Packed scores s [N, C * per_block] (contiguous), each row's absolute packed position `row_pos`
-    [N] (-1: a row without a query): log-sum-exp per key block over the packed columns up to the
-    row's own, [N, C] fp32 (-inf where none is visible)."""
+def block_lse(s: torch.Tensor, rows: PackedRows, per_block: int, scale: float) -> torch.Tensor:
+    """Packed scores s [N, C * per_block] (contiguous) of `rows`, times `scale`: log-sum-exp per key block
+    over the packed columns up to the row's own, [N, C] fp32 (-inf where none is visible)."""
     impl = block_lse_triton if triton_enabled(s) else block_lse_torch
-    return impl(s, row_pos.to(torch.int32).contiguous(), per_block)
+    return impl(s, rows, per_block, scale)
+
+
+@triton.jit
+def _gather_rows_kernel(
+    src_ptr, idx_ptr, out_ptr, num_out, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = n < num_out
+    src = tl.load(idx_ptr + n, mask=live, other=-1).to(tl.int64)
+    d = tl.arange(0, D_PAD)
+    x = tl.load(
+        src_ptr + src[:, None] * D + d[None, :], mask=(src >= 0)[:, None] & (d < D)[None, :], other=0.0
+    )
+    tl.store(out_ptr + n.to(tl.int64)[:, None] * D + d[None, :], x, mask=live[:, None] & (d < D)[None, :])
+
+
+def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """src [N, D] (contiguous) rows `index` [M] (-1: a zero row): [M, D], one pass."""
+    if not triton_enabled(src):
+        return torch.where((index >= 0)[:, None], src[index.clamp_min(0)], 0)
+    out = torch.empty(index.numel(), src.shape[1], dtype=src.dtype, device=src.device)
+    block_n = 64
+    _gather_rows_kernel[(triton.cdiv(index.numel(), block_n),)](
+        src,
+        index,
+        out,
+        index.numel(),
+        D=src.shape[1],
+        D_PAD=triton.next_power_of_2(src.shape[1]),
+        BLOCK_N=block_n,
+    )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """Per request of a layout, which rows of q [N * Hq, D] and of the KV pool's keys [T * Hkv, D] make its
+    packed queries [Hkv, packed rows, G, S * D] (each packed row's S positions reversed, positions without a
+    query zero) and packed keys [Hkv, key blocks * B / S, S * D] (zero past the context): -1 is a zero row.
+    It depends on the layout, the KV slots and the head counts, not on the layer: built once per forward."""
+
+    query_rows: tuple[torch.Tensor, ...]
+    key_rows: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def build(
+        cls, layout: BlockLayout, locs: torch.Tensor, num_qo_heads: int, num_kv_heads: int, stride: int
+    ) -> Packing:
+        bsz, group, device = layout.block_size, num_qo_heads // num_kv_heads, locs.device
+        heads = torch.arange(num_qo_heads, device=device).view(num_kv_heads, 1, group, 1)
+        kv_heads = torch.arange(num_kv_heads, device=device)[:, None]
+        query_rows, key_rows = [], []
+        q_offset = ctx_offset = 0
+        for prefix, extend in zip(layout.prefix_lens, layout.extend_lens, strict=True):
+            ctx = prefix + extend
+            num_cols = (ctx - 1) // bsz + 1
+            first = prefix // bsz * bsz
+            pos = first + torch.arange((num_cols * bsz - first), device=device).view(-1, stride).flip(1)
+            tok = (q_offset + pos - prefix)[None, :, None, :] * num_qo_heads + heads
+            query_rows.append(
+                torch.where(((pos >= prefix) & (pos < ctx))[None, :, None, :], tok, -1).flatten()
+            )
+            key_pos = torch.arange(num_cols * bsz, device=device)
+            slots = locs[ctx_offset + key_pos.clamp(max=ctx - 1)].long()
+            key_rows.append(torch.where(key_pos < ctx, slots * num_kv_heads + kv_heads, -1).flatten())
+            q_offset += extend
+            ctx_offset += ctx
+        return cls(tuple(query_rows), tuple(key_rows))
 
 
 @triton.jit
@@ -176,51 +290,41 @@ def antidiagonal_mass(
     stride: int,
     sm_scale: float,
     per_query_head: bool = False,
+    packing: Packing | None = None,
 ) -> torch.Tensor:
     """q [N, Hq, D] (the batch's extend rows), keys read from the pool k_buffer [T, Hkv, D] through
-    `locs` (every context position, request after request): mass [Hq or Hkv, R, max_key_blocks] fp32."""
+    `locs` (every context position, request after request; `packing`: the forward's `Packing` of them, made
+    here if None): mass [Hq or Hkv, R, max_key_blocks] fp32."""
     num_qo_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_buffer.shape[1]
     group = num_qo_heads // num_kv_heads
     bsz = layout.block_size
     assert bsz % stride == 0, "stride must divide the block size"
     per_block = bsz // stride  # packed rows (and columns) per block
+    if packing is None:
+        packing = Packing.build(layout, locs, num_qo_heads, num_kv_heads, stride)
+    q_rows, k_rows = q.reshape(-1, head_dim), k_buffer.view(-1, head_dim)
     out = torch.zeros(
         num_qo_heads, layout.num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device
     )
-    first_row = q_offset = ctx_offset = 0
-    for prefix, extend in zip(layout.prefix_lens, layout.extend_lens, strict=True):
+    first_row = 0
+    for b, (prefix, extend) in enumerate(zip(layout.prefix_lens, layout.extend_lens, strict=True)):
         ctx = prefix + extend
         num_cols = (ctx - 1) // bsz + 1
         first_block = prefix // bsz
-        num_rows = num_cols - first_block
-        packed_rows = num_rows * per_block
-        # [Hkv, packed columns, S*D]
-        keys = torch.empty(num_kv_heads, num_cols * bsz, head_dim, dtype=q.dtype, device=q.device)
-        keys[:, :ctx] = k_buffer[locs[ctx_offset : ctx_offset + ctx].long()].transpose(0, 1)
-        keys[:, ctx:] = 0
-        keys = keys.view(num_kv_heads, num_cols * per_block, stride * head_dim)
-        # [Hkv, packed rows, G, S*D], scaled, each packed row's positions reversed: its dot with a
-        # packed column sums the tile's antidiagonal
-        queries = torch.zeros(num_rows * bsz, num_qo_heads, head_dim, dtype=q.dtype, device=q.device)
-        start = prefix - first_block * bsz
-        queries[start : start + extend] = q[q_offset : q_offset + extend] * (sm_scale / stride)
-        queries = queries.view(packed_rows, stride, num_kv_heads, group, head_dim).flip(1)
-        queries = queries.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, packed_rows, group, stride * head_dim)
+        packed_rows = (num_cols - first_block) * per_block
+        keys = gather_rows(k_rows, packing.key_rows[b]).view(num_kv_heads, num_cols * per_block, -1)
+        queries = gather_rows(q_rows, packing.query_rows[b]).view(num_kv_heads, packed_rows * group, -1)
         row_bytes = num_qo_heads * num_cols * per_block * q.element_size()  # one packed row's scores
         step = max(1, SCORE_BYTES // (row_bytes * per_block)) * per_block
         for r0 in range(0, packed_rows, step):
             r1 = min(r0 + step, packed_rows)
-            m = r1 - r0
-            s = torch.matmul(queries[:, r0:r1].reshape(num_kv_heads, m * group, -1), keys.transpose(1, 2))
-            packed = torch.arange(r0, r1, device=q.device) + first_block * per_block  # absolute packed row
-            has_query = ((packed + 1) * stride > prefix) & (packed * stride < ctx)
-            pos = torch.where(has_query, packed, -1).repeat_interleave(group).repeat(num_kv_heads)
-            lse = block_lse(s.view(num_kv_heads * m * group, -1), pos, per_block)
+            cols = first_block + r1 // per_block  # key blocks up to the step's last diagonal: causal
+            s = torch.matmul(queries[:, r0 * group : r1 * group], keys[:, : cols * per_block].transpose(1, 2))
+            rows = PackedRows(first_block * per_block + r0, r1 - r0, group, prefix, ctx, stride)
+            lse = block_lse(s.view(-1, cols * per_block), rows, per_block, sm_scale / stride)
             tile_mass(lse, out, group, per_block, first_row + r0 // per_block)
-        first_row += num_rows
-        q_offset += extend
-        ctx_offset += ctx
+        first_row += packed_rows // per_block
     if per_query_head:
         return out
     return out.view(num_kv_heads, group, layout.num_rows, layout.max_key_blocks).mean(1)

@@ -38,6 +38,7 @@ class BlockLayout:
     row_block: torch.Tensor  # [R] absolute block index of each row block
     row_q_start: torch.Tensor  # [R]
     row_q_len: torch.Tensor  # [R]
+    row_key_offset: torch.Tensor  # [R] req_key_offset of the row's request
     req_key_offset: torch.Tensor  # [B]
     req_num_key_blocks: torch.Tensor  # [B]
     req_ctx_len: torch.Tensor  # [B] prefix + new tokens
@@ -112,6 +113,7 @@ class BlockLayout:
             row_block=dev(row[:, 1]),
             row_q_start=dev(row[:, 2]),
             row_q_len=dev(row[:, 3]),
+            row_key_offset=dev(req[row[:, 0].long(), 0]),
             req_key_offset=dev(req[:, 0]),
             req_num_key_blocks=dev(req[:, 1]),
             req_ctx_len=dev(req[:, 2]),

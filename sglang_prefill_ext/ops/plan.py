@@ -44,7 +44,7 @@ def one_segment_indices(device: torch.device | str) -> PlanIndices:
 def _expand_rows_kernel(
     mask_ptr,
     row_key_ptr,
-    row_cols_ptr,
+    row_block_ptr,
     key_len_ptr,
     key_start_ptr,
     locs_ptr,
@@ -61,7 +61,7 @@ def _expand_rows_kernel(
     kv_head = (seg // num_rows) // heads_per_kv
     row = seg % num_rows
     key0 = tl.load(row_key_ptr + row).to(tl.int64)
-    num_cols = tl.load(row_cols_ptr + row)
+    num_cols = tl.load(row_block_ptr + row) + 1  # causal: up to the diagonal
     dest = tl.load(indptr_ptr + seg).to(tl.int64)
     t = tl.arange(0, BLOCK)
     for c0 in range(0, num_cols, BLOCK_C):
@@ -83,15 +83,46 @@ def _expand_rows_kernel(
             dest += n
 
 
+@triton.jit
+def _row_tokens_kernel(
+    mask_ptr, row_key_ptr, row_block_ptr, key_len_ptr, out_ptr, num_rows, max_cols, BLOCK_C: tl.constexpr
+):
+    seg = tl.program_id(0)  # mask head * num_rows + row
+    row = seg % num_rows
+    key0 = tl.load(row_key_ptr + row).to(tl.int64)
+    num_cols = tl.load(row_block_ptr + row) + 1
+    total = tl.zeros([BLOCK_C], dtype=tl.int32)
+    for c0 in range(0, num_cols, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        kept = (c < num_cols) & (
+            tl.load(mask_ptr + seg.to(tl.int64) * max_cols + c, mask=c < num_cols, other=0) != 0
+        )
+        total += tl.load(key_len_ptr + key0 + c, mask=kept, other=0)
+    tl.store(out_ptr + seg, tl.sum(total, 0))
+
+
 def _device_kv_indptr(mask: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     """kv_indptr [Hm*R + 1] int32 of a mask's segments, on its device: each (mask head, row)'s kept tokens."""
     num_mask_heads, num_rows, num_cols = mask.shape
-    row_key = layout.req_key_offset[layout.row_req.long()].long()
-    cols = torch.arange(num_cols, device=mask.device)
-    key = (row_key[:, None] + cols[None, :]).clamp_max(layout.num_key_blocks - 1)
-    counts = torch.where(mask, layout.key_len[key][None], 0).sum(-1, dtype=torch.int32)
     kv_indptr = torch.zeros(num_mask_heads * num_rows + 1, dtype=torch.int32, device=mask.device)
-    torch.cumsum(counts.view(-1), 0, out=kv_indptr[1:])
+    if not triton_enabled(mask):
+        cols = torch.arange(num_cols, device=mask.device)
+        key = (layout.row_key_offset.long()[:, None] + cols[None, :]).clamp_max(layout.num_key_blocks - 1)
+        counts = torch.where(mask, layout.key_len[key][None], 0).sum(-1, dtype=torch.int32)
+        torch.cumsum(counts.view(-1), 0, out=kv_indptr[1:])
+        return kv_indptr
+    counts = torch.empty(num_mask_heads * num_rows, dtype=torch.int32, device=mask.device)
+    _row_tokens_kernel[(counts.numel(),)](
+        mask.contiguous().view(torch.int8),
+        layout.row_key_offset,
+        layout.row_block,
+        layout.key_len,
+        counts,
+        num_rows,
+        num_cols,
+        BLOCK_C=256,
+    )
+    torch.cumsum(counts, 0, out=kv_indptr[1:])
     return kv_indptr
 
 
@@ -108,8 +139,8 @@ def _expand_rows(
     num_mask_heads, num_rows, num_cols = mask.shape
     _expand_rows_kernel[(num_mask_heads * num_rows,)](
         mask.contiguous().view(torch.int8),
-        layout.req_key_offset[layout.row_req.long()],
-        layout.row_block + 1,  # causal columns of each row: up to its diagonal
+        layout.row_key_offset,
+        layout.row_block,
         layout.key_len,
         layout.key_tok_start,
         locs,
@@ -131,7 +162,7 @@ def _torch_plan_indices(
     """kv_indptr (host) and kv_indices without Triton: the kept blocks by `nonzero`, expanded in torch."""
     num_mask_heads, num_rows, _ = mask.shape
     head, row, col = mask.nonzero(as_tuple=True)  # sorted by (head, row, col): the plan's order
-    key = layout.req_key_offset[layout.row_req[row].long()].long() + col
+    key = layout.row_key_offset[row].long() + col
     length = layout.key_len[key].long()
     counts = torch.zeros(num_mask_heads * num_rows, dtype=torch.int64, device=mask.device)
     counts.index_add_(0, head * num_rows + row, length)

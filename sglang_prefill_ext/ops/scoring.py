@@ -112,7 +112,7 @@ def select_blocks_triton(
     heads = num_qo_heads if settings.per_query_head else num_kv_heads
     out = torch.zeros(heads, num_rows, layout.max_key_blocks, dtype=torch.int8, device=qpool.device)
     if num_rows == 0:
-        return out.bool()
+        return out.view(torch.bool)
     _select_kernel[(num_rows, num_kv_heads)](
         qpool.contiguous(),
         kpool.contiguous(),
@@ -138,7 +138,7 @@ def select_blocks_triton(
         PER_QUERY_HEAD=settings.per_query_head,
         num_warps=num_warps,
     )
-    return out.bool()
+    return out.view(torch.bool)
 
 
 def block_scores_torch(
@@ -149,7 +149,7 @@ def block_scores_torch(
     num_kv_heads = kpool.shape[1]
     group = num_qo_heads // num_kv_heads
     cols = torch.arange(layout.max_key_blocks, device=qpool.device)
-    idx = (layout.req_key_offset[layout.row_req.long()].long()[:, None] + cols).clamp(max=kpool.shape[0] - 1)
+    idx = (layout.row_key_offset.long()[:, None] + cols).clamp(max=kpool.shape[0] - 1)
     k = kpool[idx].repeat_interleave(group, dim=2)  # [R, C, Hq, D]
     s = torch.einsum("rhd,rchd->hrc", qpool.float() * sm_scale, k.float())
     causal = cols[None, :] <= layout.row_block.long()[:, None]
@@ -234,7 +234,7 @@ def select_by_mass_triton(mass: torch.Tensor, layout: BlockLayout, settings: Spa
     heads, num_rows, max_cols = mass.shape
     out = torch.empty(heads, num_rows, max_cols, dtype=torch.int8, device=mass.device)
     if out.numel() == 0:
-        return out.bool()
+        return out.view(torch.bool)
     block_c = triton.next_power_of_2(max_cols)
     _mass_select_kernel[(heads * num_rows,)](
         mass.contiguous(),
@@ -252,7 +252,7 @@ def select_by_mass_triton(mass: torch.Tensor, layout: BlockLayout, settings: Spa
         BLOCK_C=block_c,
         num_warps=max(4, min(16, block_c // 256)),
     )
-    return out.bool()
+    return out.view(torch.bool)
 
 
 def select_by_mass_torch(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:

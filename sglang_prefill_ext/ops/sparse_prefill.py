@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .antidiagonal import antidiagonal_mass
+from .antidiagonal import Packing, antidiagonal_mass
 from .attention import BlockSparseAttention
 from .layout import BlockLayout
 from .plan import build_plan_indices, device_plan_indices
@@ -29,6 +29,7 @@ class SparsePrefill:
         self._layout: BlockLayout | None = None
         self._locs = torch.empty(0, dtype=torch.int64)
         self._geometry: SampleGeometry | None = None  # the sampled scorer's, per layout
+        self._packing: Packing | None = None  # the antidiagonal scorer's, per layout
         self.planned = False
         self.mask: torch.Tensor | None = None
         self._plan_key: tuple[int, float, float] | None = None  # (mask heads, scale, soft cap) of the plan
@@ -44,6 +45,7 @@ class SparsePrefill:
         self._layout = layout
         self._locs = locs
         self._geometry = None
+        self._packing = None
         self.planned = False
         self.mask = None
         self._plan_key = None
@@ -59,8 +61,11 @@ class SparsePrefill:
         layout = self.layout
         scorer = self.settings.scorer
         if scorer == "antidiagonal":
+            stride = self.settings.stride
+            if self._packing is None:
+                self._packing = Packing.build(layout, self._locs, q.shape[1], k_buffer.shape[1], stride)
             mass = antidiagonal_mass(
-                q, k_buffer, self._locs, layout, self.settings.stride, sm_scale, self.settings.per_query_head
+                q, k_buffer, self._locs, layout, stride, sm_scale, self.settings.per_query_head, self._packing
             )
             return select_by_mass(mass, layout, self.settings)
         by_mass = None

@@ -8,9 +8,11 @@ from kvpool import scattered_batch
 
 from sglang_prefill_ext.ops import antidiagonal
 from sglang_prefill_ext.ops.antidiagonal import (
+    PackedRows,
     antidiagonal_mass,
     block_lse_torch,
     block_lse_triton,
+    gather_rows,
     tile_mass_torch,
     tile_mass_triton,
 )
@@ -76,15 +78,24 @@ def test_mass_matches_the_full_logit_matrix(heads: tuple[int, int], stride: int)
 
 @pytest.mark.parametrize("per_block", [16, 4, 1])
 def test_the_block_lse_kernel_matches_torch(per_block: int) -> None:
-    """bf16 scores, rows that see part of a block, none of it, or nothing (-1: no query)."""
+    """bf16 scores of 2 KV heads x 3 group members, rows that see part of a block, and packed rows with no
+    query (before the prefix ends, past the context: -inf everywhere)."""
     gen = torch.Generator().manual_seed(per_block)
-    s = (torch.randn(37, 9 * per_block, generator=gen) * 4).bfloat16()
-    row_pos = torch.randint(-1, 9 * per_block + 3, (37,), generator=gen).to(torch.int32)
-    want = block_lse_torch(s, row_pos, per_block)
-    torch.testing.assert_close(block_lse_triton(s, row_pos, per_block), want, atol=1e-5, rtol=1e-5)
-    assert bool(torch.isinf(want[row_pos == -1]).all()) and bool(
-        torch.isfinite(want[:, 0][row_pos >= 0]).all()
+    count = 9
+    s = (torch.randn(2 * count * 3, 12 * per_block, generator=gen) * 40).bfloat16()
+    rows = PackedRows(
+        first=2 * per_block + 1,
+        count=count,
+        group=3,
+        prefix=(2 * per_block + 3) * 4,
+        ctx=(2 * per_block + 7) * 4 + 1,
+        stride=4,
     )
+    want = block_lse_torch(s, rows, per_block, 0.1)
+    torch.testing.assert_close(block_lse_triton(s, rows, per_block, 0.1), want, atol=1e-5, rtol=1e-5)
+    pos = rows.positions(s.shape[0], "cpu")
+    assert sorted(set(pos.tolist()))[:2] == [-1, rows.first + 2] and int(pos.max()) == rows.first + 6
+    assert bool(torch.isinf(want[pos == -1]).all()) and bool(torch.isfinite(want[:, 0][pos >= 0]).all())
 
 
 @pytest.mark.parametrize(("per_block", "num_cols"), [(8, 700), (4, 5), (1, 33)])
@@ -103,6 +114,22 @@ def test_the_tile_mass_kernel_matches_torch(per_block: int, num_cols: int) -> No
     live = torch.isfinite(lse).any(-1).view(2, 3, per_block, 3).permute(0, 3, 1, 2).reshape(6, 3, per_block)
     torch.testing.assert_close(got[:, 2:5].sum(-1), live.any(-1).float())  # 1, or 0: no query in the block
     assert bool(live.any(-1).all()) != (per_block == 1)
+
+
+def test_gather_rows_kernel_matches_indexing_with_zero_rows() -> None:
+    src = torch.randn(50, 24)  # a row width that is not a power of two
+    index = torch.tensor([3, -1, 49, 0, 3, -1, 17] * 20)
+    want = torch.where((index >= 0)[:, None], src[index.clamp_min(0)], 0)
+    assert torch.equal(gather_rows(src, index), want)
+
+
+def test_without_triton_the_torch_path_gives_the_same_mass(monkeypatch: pytest.MonkeyPatch) -> None:
+    layout, q, k_buffer, locs = _batch((6, 2), 16, [0, 37, 64], [90, 29, 40], seed=2)
+    want = antidiagonal_mass(q, k_buffer, locs, layout, 4, 0.3, per_query_head=True)
+    monkeypatch.setattr(antidiagonal, "triton_enabled", lambda tensor: False)
+    torch.testing.assert_close(
+        antidiagonal_mass(q, k_buffer, locs, layout, 4, 0.3, per_query_head=True), want
+    )
 
 
 def test_rows_processed_in_steps_give_the_same_mass(monkeypatch: pytest.MonkeyPatch) -> None:
