@@ -245,7 +245,7 @@ class PrefillExtConfig:
         "on the H200, so a denser layout would not pay; 1 keeps every layout sparse.",
         check=_fraction,
     )
-    sparse_dense_layers: int = _option(2, "The first N layers always run dense attention.")
+    sparse_dense_layers: int = _option(0, "The first N layers always run dense attention.")
     sparse_per_layer: bool = _option(
         True,
         "Select and plan in every sparse layer; false: once per forward at the first sparse layer, shared "

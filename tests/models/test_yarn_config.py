@@ -73,3 +73,17 @@ def test_transformers_reads_the_yarn_rope(convert: ModuleType) -> None:
     # high frequencies kept, low ones interpolated by up to the factor
     ratio = inv_freq.double() / default_freq
     assert abs(float(ratio[0]) - 1.0) < 1e-5 and abs(float(ratio[-1]) - 1 / 8) < 1e-5
+
+
+def test_default_parts_fit_one_device_call_beside_the_tracked_tree(
+    convert: ModuleType, tmp_path: Path
+) -> None:
+    """split's default part size: 64 MiB less the repo's tracked files and the margin; the parts rejoin."""
+    repo = SCRIPT.parents[2]
+    size = convert.part_mib(repo)
+    assert 0 < size < convert.CALL_MIB - convert.MARGIN_MIB
+    src = tmp_path / "blob.bin"
+    src.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    assert convert.main(["split", str(src), "--parts-dir", str(tmp_path / "p"), "--max-mib", "0.3"]) == 0
+    parts = sorted((tmp_path / "p").glob("p*/blob.bin.part*"))
+    assert len(parts) == 4 and b"".join(p.read_bytes() for p in parts) == src.read_bytes()
