@@ -36,7 +36,9 @@ def profile_chunk(total: int, chunk: int = 8192) -> None:
     torch.cuda.synchronize()
     select_ms = ob.timed(lambda: sp.select(qc, k, scale), 10)
     indices_ms = ob.timed(lambda: device_plan_indices(mask, layout, locs, 2, buf), 10)
-    print(f"== {total}: select {select_ms:.3f} ms, indices {indices_ms:.3f} ms, density {sp.density(mask):.4f}")
+    print(
+        f"== {total}: select {select_ms:.3f} ms, indices {indices_ms:.3f} ms, density {sp.density(mask):.4f}"
+    )
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(5):
             step()
