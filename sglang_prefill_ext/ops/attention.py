@@ -220,6 +220,20 @@ class BlockSparseAttention:
         """Whether the current plan takes other indices (`use_indices`): planned reusable, directly."""
         return self._reusable
 
+    def serves(
+        self,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        sm_scale: float,
+        logits_soft_cap: float = 0.0,
+    ) -> bool:
+        """Whether `use_indices` may run the current plan for this problem (`plan`'s arguments): reusable and
+        made for the same heads and kernel signature."""
+        signature = (num_qo_heads // num_kv_heads, head_dim, dtype, sm_scale, logits_soft_cap)
+        return self._reusable and num_kv_heads == self._num_kv_heads and signature == self._signature
+
     def use_indices(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> None:
         """Run the current plan over other kept blocks with the same segments (`plan.device_plan_indices`:
         device kv_indptr [segments + 1], kv_indices): no host step. Needs a plan made with reusable=True."""

@@ -32,7 +32,6 @@ class SparsePrefill:
         self._packing: Packing | None = None  # the antidiagonal scorer's, per layout
         self.planned = False
         self.mask: torch.Tensor | None = None
-        self._plan_key: tuple[int, float, float] | None = None  # (mask heads, scale, soft cap) of the plan
         self._indices: torch.Tensor | None = None  # with settings.plan_once: later layers' kv_indices
 
     @classmethod
@@ -48,7 +47,6 @@ class SparsePrefill:
         self._packing = None
         self.planned = False
         self.mask = None
-        self._plan_key = None
         self._indices = None
 
     @property
@@ -103,30 +101,20 @@ class SparsePrefill:
         num_kv_heads: int | None = None,
     ) -> None:
         """Plan `mask` [Hm, R, C] (Hm: the pool's `num_kv_heads`, the default, or the query heads). With
-        `settings.plan_once`, a later layer of the forward with the same plan signature keeps the plan and
+        `settings.plan_once`, a later layer of the forward the plan serves (`BlockSparseAttention.serves`) keeps it and
         swaps in its own indices, built on the device (where FlashInfer planned it directly: another
         FlashInfer version plans every layer)."""
         num_mask_heads = mask.shape[0]
-        key = (num_mask_heads, sm_scale, logits_soft_cap)
         once = self.settings.plan_once
-        if once and self.planned and key == self._plan_key and self.attention.reusable:
+        signature = (q.shape[1], num_mask_heads, q.shape[2], q.dtype, sm_scale, logits_soft_cap)
+        if once and self.planned and self.attention.serves(*signature):
             kv_indptr, self._indices = device_plan_indices(
                 mask, self.layout, self._locs, num_kv_heads, self._indices
             )
             self.attention.use_indices(kv_indptr, self._indices)
         else:
             indices = build_plan_indices(mask, self.layout, self._locs, num_kv_heads)
-            self.attention.plan(
-                indices,
-                q.shape[1],
-                num_mask_heads,
-                q.shape[2],
-                q.dtype,
-                sm_scale,
-                logits_soft_cap,
-                reusable=once,
-            )
-            self._plan_key = key
+            self.attention.plan(indices, *signature, reusable=once)
         self.mask = mask
         self.planned = True
 

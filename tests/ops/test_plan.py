@@ -357,6 +357,8 @@ def test_plan_once_plans_the_first_sparse_layer_and_swaps_indices_after(
     sparse.begin(layout, locs)
     sparse.plan(masks[2], q, 0.25, num_kv_heads=2)
     assert len(wrapper.module_calls) == 3
+    sparse.plan(_random_mask(layout, 2, 0.3), q, 0.25, num_kv_heads=2)  # per KV head: other segments, a plan
+    assert len(wrapper.module_calls) == 4
     every_layer = SparsePrefill(SparseSettings(block_size=BLOCK, plan_once=False), _attention("fa2"))
     every_layer.begin(layout, locs)
     for mask in masks[:2]:
