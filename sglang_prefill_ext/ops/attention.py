@@ -220,17 +220,10 @@ class BlockSparseAttention:
         """Whether the current plan takes other indices (`use_indices`): planned reusable, directly."""
         return self._reusable
 
-    def serves(
-        self,
-        num_qo_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        sm_scale: float,
-        logits_soft_cap: float = 0.0,
-    ) -> bool:
-        """Whether `use_indices` may run the current plan for this problem (`plan`'s arguments): reusable and
-        made for the same heads and kernel signature."""
+    def serves(self, problem: tuple[int, int, int, torch.dtype, float, float]) -> bool:
+        """Whether `use_indices` may run the current plan for `problem`, `plan`'s arguments after the indices
+        (query heads, KV heads, head_dim, dtype, scale, soft cap): reusable and made for the same ones."""
+        num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, logits_soft_cap = problem
         signature = (num_qo_heads // num_kv_heads, head_dim, dtype, sm_scale, logits_soft_cap)
         return self._reusable and num_kv_heads == self._num_kv_heads and signature == self._signature
 

@@ -106,15 +106,15 @@ class SparsePrefill:
         FlashInfer version plans every layer)."""
         num_mask_heads = mask.shape[0]
         once = self.settings.plan_once
-        signature = (q.shape[1], num_mask_heads, q.shape[2], q.dtype, sm_scale, logits_soft_cap)
-        if once and self.planned and self.attention.serves(*signature):
+        problem = (q.shape[1], num_mask_heads, q.shape[2], q.dtype, sm_scale, logits_soft_cap)
+        if once and self.planned and self.attention.serves(problem):
             kv_indptr, self._indices = device_plan_indices(
                 mask, self.layout, self._locs, num_kv_heads, self._indices
             )
             self.attention.use_indices(kv_indptr, self._indices)
         else:
             indices = build_plan_indices(mask, self.layout, self._locs, num_kv_heads)
-            self.attention.plan(indices, *signature, reusable=once)
+            self.attention.plan(indices, *problem, reusable=once)
         self.mask = mask
         self.planned = True
 
