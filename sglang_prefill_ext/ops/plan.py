@@ -41,6 +41,13 @@ def one_segment_indices(device: torch.device | str) -> PlanIndices:
 
 
 @triton.jit
+def _kept(mask_ptr, seg, max_cols, cols, num_cols):
+    """Segment `seg`'s mask at key blocks `cols`, False from `num_cols` (its causal width) on."""
+    live = cols < num_cols
+    return live & (tl.load(mask_ptr + seg.to(tl.int64) * max_cols + cols, mask=live, other=0) != 0)
+
+
+@triton.jit
 def _expand_rows_kernel(
     mask_ptr,
     row_key_ptr,
@@ -68,9 +75,7 @@ def _expand_rows_kernel(
         # the tile's mask and block ranges in one load each; then only its kept blocks are copied, one
         # block (BLOCK tokens) per step: a sparse row costs its kept blocks, not its causal width
         c = c0 + tl.arange(0, BLOCK_C)
-        kept = (c < num_cols) & (
-            tl.load(mask_ptr + seg.to(tl.int64) * max_cols + c, mask=c < num_cols, other=0) != 0
-        )
+        kept = _kept(mask_ptr, seg, max_cols, c, num_cols)
         length = tl.load(key_len_ptr + key0 + c, mask=kept, other=0)
         start = tl.load(key_start_ptr + key0 + c, mask=kept, other=0)
         rank = tl.cumsum(kept.to(tl.int32), 0) - 1
@@ -94,9 +99,7 @@ def _row_tokens_kernel(
     total = tl.zeros([BLOCK_C], dtype=tl.int32)
     for c0 in range(0, num_cols, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
-        kept = (c < num_cols) & (
-            tl.load(mask_ptr + seg.to(tl.int64) * max_cols + c, mask=c < num_cols, other=0) != 0
-        )
+        kept = _kept(mask_ptr, seg, max_cols, c, num_cols)
         total += tl.load(key_len_ptr + key0 + c, mask=kept, other=0)
     tl.store(out_ptr + seg, tl.sum(total, 0))
 

@@ -36,6 +36,18 @@ def _scores(q, kpool_ptr, key_offset, cols, num_cols, num_kv_heads, head, HEAD_D
 
 
 @triton.jit
+def _dense_row(diag, req, num_keys_ptr, ends_prompt_ptr, last_blocks):
+    """Whether the row is one of the prompt's last `last_blocks` (only in the extend that ends it)."""
+    return (diag >= tl.load(num_keys_ptr + req) - last_blocks) & (tl.load(ends_prompt_ptr + req) != 0)
+
+
+@triton.jit
+def _structural(cols, diag, dense_row, sink_blocks, local_blocks):
+    """`structural_blocks` for key blocks `cols` of a row (causality is the caller's)."""
+    return (cols < sink_blocks) | (cols > diag - local_blocks) | (cols == diag) | dense_row
+
+
+@triton.jit
 def _select_kernel(
     qpool_ptr,
     kpool_ptr,
@@ -65,7 +77,6 @@ def _select_kernel(
     req = tl.load(row_req_ptr + row)
     diag = tl.load(row_block_ptr + row)
     key_offset = tl.load(key_offset_ptr + req).to(tl.int64)
-    num_keys = tl.load(num_keys_ptr + req)
     dims = tl.arange(0, HEAD_DIM)
     g = tl.arange(0, GROUP_PAD)
     g_live = g < group
@@ -78,7 +89,7 @@ def _select_kernel(
         cols = c0 + tl.arange(0, BLOCK_C)
         s = _scores(q, kpool_ptr, key_offset, cols, num_cols, num_kv_heads, head, HEAD_DIM)
         best = tl.maximum(best, tl.max(s, axis=1))
-    dense_row = (diag >= num_keys - last_blocks) & (tl.load(ends_prompt_ptr + req) != 0)
+    dense_row = _dense_row(diag, req, num_keys_ptr, ends_prompt_ptr, last_blocks)
     out_row = out_ptr + (head.to(tl.int64) * num_rows + row) * max_cols
     q_out_rows = out_ptr + ((head * group + g).to(tl.int64) * num_rows + row) * max_cols
     for c0 in range(0, num_cols, BLOCK_C):
@@ -86,7 +97,7 @@ def _select_kernel(
         c_live = cols < num_cols
         s = _scores(q, kpool_ptr, key_offset, cols, num_cols, num_kv_heads, head, HEAD_DIM)
         passed = ((s - best[:, None]) >= log_threshold) & g_live[:, None]
-        structural = (cols < sink_blocks) | (cols > diag - local_blocks) | (cols == diag) | dense_row
+        structural = _structural(cols, diag, dense_row, sink_blocks, local_blocks)
         if PER_QUERY_HEAD:
             keep = passed | structural[None, :]
             live = g_live[:, None] & c_live[None, :]
@@ -225,8 +236,8 @@ def _mass_select_kernel(
         lo = tl.where(held, mid, lo)
         hi = tl.where(held, hi, mid)
     keep = (bits >= lo) & (x > tl.where(goal > 0, 0.0, float("inf")))  # nothing to hold: none kept
-    dense_row = (diag >= tl.load(num_keys_ptr + req) - last_blocks) & (tl.load(ends_prompt_ptr + req) != 0)
-    structural = (cols < sink_blocks) | (cols > diag - local_blocks) | (cols == diag) | dense_row
+    dense_row = _dense_row(diag, req, num_keys_ptr, ends_prompt_ptr, last_blocks)
+    structural = _structural(cols, diag, dense_row, sink_blocks, local_blocks)
     tl.store(out_ptr + base + cols, ((keep | structural) & causal).to(tl.int8), mask=cols < max_cols)
 
 
