@@ -25,7 +25,8 @@ oracle:MASS, which keeps, per head and query block, the fewest blocks holding MA
 attention (plus sinks, local window, last rows): what a perfect scorer would keep, a bound on any selection at
 that density. OPT (comma-separated): `q` one selection per query head instead of per KV head; `bN` N-token
 blocks instead of --block-size; `sN` N sampled rows per block instead of --samples; `xN` antidiagonal stride
-N; `layer` (oracle) MASS of the whole layer's attention per head instead of per query block (rows that attend
+N; `dX` the mass lowered by X per doubling of the prompt beyond `SparseSettings.mass_len` instead of the
+server's `mass_decay` (d0: MASS at every length); `layer` (oracle) MASS of the whole layer's attention per head instead of per query block (rows that attend
 narrowly give their budget to rows that spread).
 """
 
@@ -45,7 +46,7 @@ from bench.lib.real_text import corpus_ids
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
-from sglang_prefill_ext.ops.scoring import largest_holding, select_by_mass, structural_blocks
+from sglang_prefill_ext.ops.scoring import largest_holding, mass_fraction, select_by_mass, structural_blocks
 
 TAIL_FROM = 1024
 LOGIT_ROWS = 4096  # positions per lm_head chunk: 4096 x 152K vocab fp32 is 2.5 GB
@@ -75,7 +76,9 @@ class Oracle:
 def select_by_layer_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
     """Per head, the fewest (query block, key block) pairs holding `settings.mass` of the layer's whole
     attention (largest first), plus the structural blocks: bool [H, R, C]."""
-    chosen = largest_holding(mass.flatten(1), settings.mass).view_as(mass)
+    chosen = largest_holding(mass.flatten(1), mass_fraction(layout.req_prompt_len[:1], settings)).view_as(
+        mass
+    )
     return chosen | structural_blocks(layout, settings, mass.device)[None]
 
 
@@ -223,7 +226,7 @@ SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "antidiagonal": "mass",
 
 
 NUMBERED_OPTS = {"b": "block_size", "s": "samples", "x": "stride"}
-OPTS = "q, bN, sN, xN, layer for oracle"
+OPTS = "q, bN, sN, xN, dX, layer for oracle"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +241,7 @@ class Config:
     layer_mass: bool = False
     samples: int | None = None
     stride: int | None = None
+    mass_decay: float | None = None
 
     def settings(self, block_size: int, samples: int, local_blocks: int) -> SparseSettings:
         return SparseSettings(
@@ -245,6 +249,7 @@ class Config:
             scorer="sampled" if self.scorer == "oracle" else self.scorer,
             samples=self.samples or samples,
             stride=self.stride or SparseSettings.stride,
+            mass_decay=SparseSettings.mass_decay if self.mass_decay is None else self.mass_decay,
             local_blocks=local_blocks,
             per_query_head=self.per_query_head,
             **knobs(self.scorer, self.value),
@@ -272,6 +277,8 @@ def parse_config(text: str) -> Config:
             fields["layer_mass"] = True
         elif opt[:1] in NUMBERED_OPTS and opt[1:].isdigit():
             fields[NUMBERED_OPTS[opt[:1]]] = int(opt[1:])
+        elif opt[:1] == "d" and opt[1:].replace(".", "", 1).isdigit():
+            fields["mass_decay"] = float(opt[1:])
         else:
             raise argparse.ArgumentTypeError(f"{text!r}: unknown option {opt!r} ({OPTS})")
     try:
@@ -312,7 +319,8 @@ def main() -> None:
         "--configs", type=parse_config, nargs="+",
         default=[parse_config(default_config())],
         help="SCORER:VALUE[@OPT,...]: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
-        + "; OPT: q (per query head), bN (block size), sN (samples), xN (antidiagonal stride), layer "
+        + "; OPT: q (per query head), bN (block size), sN (samples), xN (antidiagonal stride), dX (mass decay per "
+        "doubling), layer "
         "(oracle: per-layer mass)",
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
@@ -392,8 +400,9 @@ def main() -> None:
         summary["kl_max"] = max(r["kl_max"] for r in rows)
         summary["declined"] = sum(r["declined"] for r in rows)
         summary.update(density_summary(attentions[name].densities))
+        summary["mass"] = float(mass_fraction(torch.tensor([a.length]), attentions[name].sparse.settings))
         summaries.append(dict(config=name, **summary))
-        print(report_line(name, summary, dense_summary), flush=True)
+        print(report_line(f"{name} (mass {summary['mass']:.3f})", summary, dense_summary), flush=True)
     info = dict(
         model=a.model_dir, length=a.length, prompts=a.prompts, dense_layers=a.dense_layers,
         block_size=a.block_size, samples=a.samples, local_blocks=a.local_blocks, tf32=a.tf32,

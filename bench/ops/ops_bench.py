@@ -317,8 +317,8 @@ def plan_once_rows(
     locs = torch.arange(total, device=DEV)
     rows = []
     for backend, ends in (("fa2", True), ("fa3", True), ("fa3", False)):
-        ends_prompt = torch.tensor([ends], device=DEV)
-        layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV, ends_prompt=ends_prompt)
+        prompt_lens = torch.tensor([total if ends else total + chunk], device=DEV)
+        layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV, prompt_lens=prompt_lens)
         sparse = SparsePrefill(scorer_settings("antidiagonal"), BlockSparseAttention(workspace))
         sparse.begin(layout, locs)
         mask = sparse.select(q, k, scale)

@@ -45,6 +45,7 @@ class BlockLayout:
     req_ctx_offset: torch.Tensor  # [B] offset of the request's positions in the flat context list
     key_tok_start: torch.Tensor  # [K] first entry of each key block in the flat context list
     key_len: torch.Tensor  # [K]
+    req_prompt_len: torch.Tensor  # [B] int32: the whole prompt's length (at least the context's)
     req_ends_prompt: torch.Tensor  # [B] bool: the extend holds its prompt's last token
 
     @property
@@ -66,10 +67,11 @@ class BlockLayout:
         extend_lens: Sequence[int],
         block_size: int,
         device: torch.device | str = "cpu",
-        ends_prompt: torch.Tensor | None = None,
+        prompt_lens: torch.Tensor | None = None,
     ) -> BlockLayout:
         """Lay out requests with `prefix_lens[b]` cached and `extend_lens[b]` new tokens (host ints);
-        `ends_prompt` [B] bool on `device`: whether request b's extend ends its prompt (default: every one)."""
+        `prompt_lens` [B] on `device`: request b's whole prompt length, past its extend for a chunk before
+        the prompt's last (default: every extend ends its prompt)."""
         if len(prefix_lens) != len(extend_lens):
             raise ValueError("prefix_lens and extend_lens differ in length")
         if any(n <= 0 for n in extend_lens) or any(p < 0 for p in prefix_lens):
@@ -102,6 +104,8 @@ class BlockLayout:
         def dev(t: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
             return t.to(dtype).contiguous().to(device, non_blocking=True)
 
+        ctx_len = dev(req[:, 2])
+        prompt_len = ctx_len if prompt_lens is None else torch.maximum(prompt_lens.to(torch.int32), ctx_len)
         return cls(
             block_size=bsz,
             num_tokens=q_offset,
@@ -116,15 +120,12 @@ class BlockLayout:
             row_key_offset=dev(req[row[:, 0].long(), 0]),
             req_key_offset=dev(req[:, 0]),
             req_num_key_blocks=dev(req[:, 1]),
-            req_ctx_len=dev(req[:, 2]),
+            req_ctx_len=ctx_len,
             req_ctx_offset=dev(req[:, 3], torch.int64),
             key_tok_start=dev(key[:, 0], torch.int64),
             key_len=dev(key[:, 1]),
-            req_ends_prompt=(
-                torch.ones(len(prefix_lens), dtype=torch.bool, device=device)
-                if ends_prompt is None
-                else ends_prompt
-            ),
+            req_prompt_len=prompt_len,
+            req_ends_prompt=prompt_len <= ctx_len,
         )
 
 

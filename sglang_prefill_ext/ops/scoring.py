@@ -1,7 +1,7 @@
 """Block selection: which key blocks each query block keeps, per KV head.
 
-`select_by_mass` keeps the blocks that carry a row's estimated attention mass (the sampled scorer,
-sampled.py; the default hybrid scorer keeps the union of both rules). The pooled scorer reads one
+`select_by_mass` keeps the blocks that carry a row's estimated attention mass (the sampled and antidiagonal
+scorers, sampled.py and antidiagonal.py; the hybrid scorer keeps the union of it and the pooled rule). The pooled scorer reads one
 mean key per block (pooled from the KV cache): the score of query block r and key block c for query
 head g is s = sm_scale * mean(q_r) . mean(k_c), exactly the mean logit over the block pair. For KV
 head h the block is kept when any query head of h's group has s >= max_c'(s) + log(threshold) (the
@@ -199,6 +199,13 @@ def select_blocks_torch(
     return (passed & causal[None]) | structural_blocks(layout, settings, s.device)[None]
 
 
+def mass_fraction(prompt_len: torch.Tensor, settings: SparseSettings) -> torch.Tensor:
+    """The mass each prompt's rows hold: `settings.mass`, less `mass_decay` per doubling of the whole prompt
+    beyond `mass_len` tokens, at least 0 (float32, `prompt_len`'s shape)."""
+    doublings = torch.log2(prompt_len.float() / settings.mass_len).clamp(min=0.0)
+    return (settings.mass - settings.mass_decay * doublings).clamp(min=0.0)
+
+
 @triton.jit
 def _mass_select_kernel(
     mass_ptr,
@@ -206,22 +213,28 @@ def _mass_select_kernel(
     row_block_ptr,
     num_keys_ptr,
     ends_prompt_ptr,
+    prompt_len_ptr,
     out_ptr,
     num_rows,
     max_cols,
     fraction,
+    mass_decay,
+    mass_len,
     sink_blocks,
     local_blocks,
     last_blocks,
     BLOCK_C: tl.constexpr,
 ):
-    """One (head, row): the largest blocks holding `fraction` of its mass, found as a threshold: the largest
-    value v with sum(mass >= v) >= fraction * sum(mass), bisected over the fp32 bit patterns (ordered like the
-    non-negative values they encode; 31 steps end on a value of the row), plus the structural blocks."""
+    """One (head, row): the largest blocks holding its prompt's `mass_fraction` of its mass, found as a
+    threshold: the largest value v with sum(mass >= v) >= fraction * sum(mass), bisected over the fp32 bit
+    patterns (ordered like the non-negative values they encode; 31 steps end on a value of the row), plus the
+    structural blocks."""
     seg = tl.program_id(0)
     row = seg % num_rows
     diag = tl.load(row_block_ptr + row)
     req = tl.load(row_req_ptr + row)
+    doublings = tl.maximum(tl.log2(tl.load(prompt_len_ptr + req).to(tl.float32) / mass_len), 0.0)
+    fraction = tl.maximum(fraction - mass_decay * doublings, 0.0)
     cols = tl.arange(0, BLOCK_C)
     causal = cols <= diag
     base = seg.to(tl.int64) * max_cols
@@ -253,10 +266,13 @@ def select_by_mass_triton(mass: torch.Tensor, layout: BlockLayout, settings: Spa
         layout.row_block,
         layout.req_num_key_blocks,
         layout.req_ends_prompt.view(torch.int8),
+        layout.req_prompt_len,
         out,
         num_rows,
         max_cols,
         settings.mass,
+        settings.mass_decay,
+        float(settings.mass_len),
         settings.sink_blocks,
         settings.local_blocks,
         settings.last_blocks,
@@ -267,22 +283,24 @@ def select_by_mass_triton(mass: torch.Tensor, layout: BlockLayout, settings: Spa
 
 
 def select_by_mass_torch(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
-    return largest_holding(mass, settings.mass) | structural_blocks(layout, settings, mass.device)[None]
+    fraction = mass_fraction(layout.req_prompt_len[layout.row_req.long()], settings).to(mass.device)
+    return largest_holding(mass, fraction[:, None]) | structural_blocks(layout, settings, mass.device)[None]
 
 
 def select_by_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
-    """Per (head, row) the fewest key blocks whose estimated mass reaches `settings.mass` (largest
+    """Per (head, row) the fewest key blocks whose estimated mass reaches the row's `mass_fraction` (largest
     first), plus the structural blocks: bool [H, R, C] (H: the mass's heads, KV or query heads). `mass` is
     zero outside causal blocks; a coverage of 1 keeps every causal block."""
-    if settings.mass >= 1.0:
+    if settings.mass >= 1.0 and settings.mass_decay == 0:
         cols, diag = _columns_and_diagonals(layout, mass.device)
         return (cols <= diag)[None].expand_as(mass).clone()
     impl = select_by_mass_triton if triton_enabled(mass) else select_by_mass_torch
     return impl(mass, layout, settings)
 
 
-def largest_holding(mass: torch.Tensor, fraction: float) -> torch.Tensor:
-    """Along the last dim, the fewest largest positive entries whose sum reaches `fraction` of it: bool."""
+def largest_holding(mass: torch.Tensor, fraction: float | torch.Tensor) -> torch.Tensor:
+    """Along the last dim, the fewest largest positive entries whose sum reaches `fraction` of it (a tensor
+    broadcast against `mass` with the last dim kept): bool."""
     ranked, order = mass.sort(-1, descending=True)
     before = ranked.cumsum(-1) - ranked
     keep = (before < fraction * ranked.sum(-1, keepdim=True)) & (ranked > 0)

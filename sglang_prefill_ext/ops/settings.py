@@ -21,7 +21,8 @@ class SparseSettings:
     A query block keeps a key block when it is causal (not after the diagonal) and any of:
     a sink (one of the first `sink_blocks`), inside the local window (`local_blocks` ending at the
     diagonal), the diagonal itself, the query block is one of the prompt's last `last_blocks`, or the
-    scorer picks it. Scorer "sampled": the block is among the fewest, largest blocks holding `mass` of
+    scorer picks it. Scorer "sampled": the block is among the fewest, largest blocks holding the mass
+    fraction (`mass`, lowered by `mass_decay` per doubling of the whole prompt beyond `mass_len`) of
     the row's attention as estimated from `samples` exact query rows per block and head (sampled.py).
     Scorer "antidiagonal": the same rule on the mass estimated from antidiagonal sums of `stride` x
     `stride` tiles of QK^T (antidiagonal.py).
@@ -45,8 +46,18 @@ class SparseSettings:
     mass: float = _setting(
         0.8,
         "Sampled and antidiagonal scorers: the fraction of each query block's estimated attention (per query "
-        "head, or the mean over its KV head's query heads) the kept blocks must hold, largest first; 1 keeps "
-        "them all.",
+        "head, or the mean over its KV head's query heads) the kept blocks must hold, largest first, in a "
+        "prompt of up to --prefill-ext-sparse-mass-len tokens (less in a longer one: "
+        "--prefill-ext-sparse-mass-decay); 1 keeps them all.",
+    )
+    mass_decay: float = _setting(
+        0.05,
+        "Sampled and antidiagonal scorers: how much the mass falls per doubling of the whole prompt beyond "
+        "--prefill-ext-sparse-mass-len tokens (a longer prompt keeps its accuracy at a lower "
+        "mass); 0 keeps --prefill-ext-sparse-mass at every length.",
+    )
+    mass_len: int = _setting(
+        32768, "Sampled and antidiagonal scorers: the prompt length up to which the mass is not lowered."
     )
     samples: int = _setting(
         2, "Sampled scorer: query rows sampled per query block (its last, then evenly back to its first)."
@@ -89,6 +100,10 @@ class SparseSettings:
             raise ValueError(f"scorer must be one of {SCORERS}, got {self.scorer!r}")
         if not 0.0 <= self.mass <= 1.0:
             raise ValueError(f"mass must lie in [0, 1], got {self.mass}")
+        if self.mass_decay < 0 or self.mass_len < 1:
+            raise ValueError(
+                f"mass_decay must be >= 0 and mass_len >= 1, got {self.mass_decay}, {self.mass_len}"
+            )
         if self.samples < 1:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
         if self.stride <= 0 or self.stride & (self.stride - 1):

@@ -179,13 +179,15 @@ def test_the_first_sparse_layer_alone_may_decline() -> None:
     assert out is not None and out.shape == q.shape and len(planned) == 1
 
 
-def test_the_layout_knows_which_extends_end_their_prompt() -> None:
+def test_the_layout_knows_each_prompt_and_which_extends_end_it() -> None:
     """From SGLang's `orig_seq_lens` on the device: a chunk short of the prompt's length does not end it, so
-    its last rows are not kept dense (`SparseSettings.last_blocks`)."""
-    from sglang_prefill_ext.adapters.v0_5_17.sparse import ends_prompt
+    its last rows are not kept dense (`SparseSettings.last_blocks`), and it selects at its whole prompt's mass."""
+    from sglang_prefill_ext.adapters.v0_5_17.sparse import prompt_lens
 
     batch = _batch(seq_lens=(2048, 40, 1500), prefix_lens=(0, 0, 1000), prompt_lens=(100_000, 40, 1499))
-    assert ends_prompt(batch).tolist() == [False, True, True]
+    assert prompt_lens(batch).tolist() == [100_000, 40, 1499]
     backend = _backend()
     assert backend.ext_path.begin(batch)
-    assert backend.ext_path.sparse.layout.req_ends_prompt.tolist() == [False, True, True]
+    layout = backend.ext_path.sparse.layout
+    assert layout.req_ends_prompt.tolist() == [False, True, True]
+    assert layout.req_prompt_len.tolist() == [100_000, 40, 1500]

@@ -10,6 +10,7 @@ import torch
 from sglang_prefill_ext.ops.layout import BlockLayout
 from sglang_prefill_ext.ops.scoring import (
     block_scores_torch,
+    mass_fraction,
     select_blocks_torch,
     select_blocks_triton,
     select_by_mass_torch,
@@ -103,8 +104,7 @@ def test_only_an_extend_that_ends_its_prompt_keeps_its_last_rows_dense(impl) -> 
     gen = torch.Generator().manual_seed(3)
     prefix, extend = [64, 64], [16 * 12, 16 * 12]
     settings = SparseSettings(block_size=BLOCK, threshold=0.9, sink_blocks=1, local_blocks=1, last_blocks=2)
-    ends = torch.tensor([True, False])
-    layout = BlockLayout.build(prefix, extend, BLOCK, ends_prompt=ends)
+    layout = BlockLayout.build(prefix, extend, BLOCK, prompt_lens=torch.tensor([256, 4096]))
     qpool = torch.randn(layout.num_rows, 4, 32, generator=gen)
     kpool = torch.randn(layout.num_key_blocks, 2, 32, generator=gen)
     mask = impl(qpool, kpool, layout, settings, 1.0)
@@ -115,7 +115,7 @@ def test_only_an_extend_that_ends_its_prompt_keeps_its_last_rows_dense(impl) -> 
         for r in rows[-2:].tolist():
             causal = int(layout.row_block[r]) + 1
             assert bool(want[:, r, :causal].all())  # dense by default
-            assert bool(mask[:, r, :causal].all()) == bool(ends[b])
+            assert bool(mask[:, r, :causal].all()) == bool(layout.req_ends_prompt[b])
         assert torch.equal(mask[:, rows[:-2]], want[:, rows[:-2]])  # the other rows are untouched
 
 
@@ -179,19 +179,61 @@ def test_a_layout_denser_than_the_limit_is_declined_before_planning() -> None:
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.3, 0.8, 0.95, 0.999])
-@pytest.mark.parametrize("ends", [True, False])
-def test_the_mass_selection_kernel_keeps_what_the_sort_keeps(fraction: float, ends: bool) -> None:
+@pytest.mark.parametrize(("ends", "decay"), [(True, 0.0), (False, 0.0), (False, 0.1)])
+def test_the_mass_selection_kernel_keeps_what_the_sort_keeps(
+    fraction: float, ends: bool, decay: float
+) -> None:
     """Random row masses (zero outside causal blocks, heavy-tailed like attention, some rows all zero): the
-    bisected threshold keeps exactly the sort's fewest largest blocks; rows wider than 256 columns."""
-    ends_prompt = torch.tensor([ends, True])
-    layout = BlockLayout.build([16 * 300, 5], [40, 70], BLOCK, ends_prompt=ends_prompt)
+    bisected threshold keeps exactly the sort's fewest largest blocks; rows wider than 256 columns; with a
+    decay, the long prompt (8x `mass_len`) holds a lower fraction than the short one."""
+    prompt_lens = torch.tensor([16 * 300 + 40 + (0 if ends else 8000), 75])
+    layout = BlockLayout.build([16 * 300, 5], [40, 70], BLOCK, prompt_lens=prompt_lens)
     gen = torch.Generator().manual_seed(int(fraction * 1000))
     mass = torch.randn(6, layout.num_rows, layout.max_key_blocks, generator=gen).exp() ** 3
     causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
     mass = mass * causal[None]
     mass[2, 1] = 0.0
     mass /= mass.sum(-1, keepdim=True).clamp_min(1e-30)
-    settings = SparseSettings(block_size=BLOCK, mass=fraction, sink_blocks=1, local_blocks=2, last_blocks=2)
+    settings = SparseSettings(
+        block_size=BLOCK,
+        mass=fraction,
+        mass_decay=decay,
+        mass_len=1600,
+        sink_blocks=1,
+        local_blocks=2,
+        last_blocks=2,
+    )
     got = select_by_mass_triton(mass, layout, settings)
     assert torch.equal(got, select_by_mass_torch(mass, layout, settings))
     assert layout.max_key_blocks > 256 and bool((got.sum(-1) > 0).all())
+
+
+def test_the_mass_falls_per_doubling_of_the_prompt_beyond_mass_len() -> None:
+    settings = SparseSettings(mass=0.8, mass_decay=0.05, mass_len=32768)
+    lens = torch.tensor([100, 32768, 65536, 131072, 98304, 1 << 40])
+    got = mass_fraction(lens, settings)
+    assert got[:4].tolist() == pytest.approx([0.8, 0.8, 0.75, 0.7])
+    assert 0.7 < float(got[4]) < 0.75 and float(got[5]) == 0.0
+    assert mass_fraction(lens, dataclasses.replace(settings, mass_decay=0.0)).tolist() == pytest.approx(
+        [0.8] * 6
+    )
+    with pytest.raises(ValueError, match="mass_decay"):
+        SparseSettings(mass_decay=-0.1)
+
+
+def test_a_chunk_selects_at_its_whole_prompts_mass() -> None:
+    """Two requests with the same rows and masses: the one whose prompt runs on past this chunk (4x
+    `mass_len`) keeps fewer blocks than the one that ends here (at `mass_len`)."""
+    layout = BlockLayout.build([16 * 60, 16 * 60], [64, 64], BLOCK, prompt_lens=torch.tensor([1024, 4096]))
+    assert layout.req_ends_prompt.tolist() == [True, False]
+    gen = torch.Generator().manual_seed(3)
+    half = layout.num_rows // 2
+    mass = torch.rand(2, half, layout.max_key_blocks, generator=gen).repeat(1, 2, 1)
+    causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
+    settings = SparseSettings(block_size=BLOCK, mass=0.8, mass_decay=0.2, mass_len=1024, last_blocks=0)
+    kept = select_by_mass_torch(mass * causal[None], layout, settings).sum(-1)
+    assert bool((kept[:, half:] < kept[:, :half]).all())
+    assert torch.equal(
+        select_by_mass_triton(mass * causal[None], layout, settings),
+        select_by_mass_torch(mass * causal[None], layout, settings),
+    )

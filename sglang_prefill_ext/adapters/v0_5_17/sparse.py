@@ -39,14 +39,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def ends_prompt(forward_batch: ForwardBatch) -> torch.Tensor | None:
-    """Per request, on the device (no host read): whether this extend reaches the prompt's end. SGLang sets
-    `orig_seq_lens` to the prompt's whole length (or the extend's end, past it); a chunk before the last ends
-    short of it. None (every request ends its prompt) when the batch carries no `orig_seq_lens`."""
+def prompt_lens(forward_batch: ForwardBatch) -> torch.Tensor | None:
+    """Per request, on the device (no host read): the whole prompt's length. SGLang sets `orig_seq_lens` to
+    it (or to the extend's end, past it): a chunk before the last ends short of it. None (every extend ends
+    its prompt) when the batch carries no `orig_seq_lens`."""
     whole = forward_batch.orig_seq_lens
     if whole is None or whole.numel() != forward_batch.seq_lens.numel():
         return None
-    return whole <= forward_batch.seq_lens
+    return whole
 
 
 class SparseExtend(ExtendPath):
@@ -74,7 +74,7 @@ class SparseExtend(ExtendPath):
             lens.extend,
             self._config.sparse_settings.block_size,
             forward_batch.req_pool_indices.device,
-            ends_prompt=ends_prompt(forward_batch),
+            prompt_lens=prompt_lens(forward_batch),
         )
         req_to_token = self._host.req_to_token_pool.req_to_token
         self.sparse.begin(layout, context_locs(layout, req_to_token, forward_batch.req_pool_indices))
