@@ -51,7 +51,7 @@ class SparseSettings:
         "--prefill-ext-sparse-mass-decay); 1 keeps them all.",
     )
     mass_decay: float = _setting(
-        0.05,
+        0.075,
         "Sampled and antidiagonal scorers: how much the mass falls per doubling of the whole prompt beyond "
         "--prefill-ext-sparse-mass-len tokens (a longer prompt keeps its accuracy at a lower "
         "mass); 0 keeps --prefill-ext-sparse-mass at every length.",
