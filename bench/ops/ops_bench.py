@@ -1,7 +1,7 @@
 """Sparse vs dense long prefill attention on one GPU: times incl. scoring and planning, TFLOP/s, needles.
 
     python -m bench.ops.ops_bench [--lens 8192 32768 65536 131072] [--backends auto fa2] [--json PATH]
-        [--heads HQ HKV] [--per-query-head] [--chunk-only]
+        [--heads HQ HKV] [--per-query-head] [--chunk-only] [--densities 1 0.1 0.05]
 
 Shape: one request, 32 query / 8 KV heads, head_dim 128, bf16, causal; KV in a page-size-1 pool.
 Rows per length L:
@@ -13,14 +13,15 @@ Rows per length L:
             + attention, with the index building alone timed alongside (indices_ms), on synthetic topic-structured Q/K with planted needles, half of them a
             single key token (density is a property of this data); shared_ms counts select + plan once
             per 30 layers, as with --prefill-ext-sparse-per-layer off
-  rand_d_B  attention only over a random block mask of density d (diagonal kept), FlashInfer backend B
-            (fa2 / fa3, --backends): kernel speed vs density
-  chunk     the last 8K chunk over a 120K cached prefix: sparse (each scorer) vs FlashInfer paged dense
+  rand_d_B  attention only over a random block mask of density d (--densities; diagonal kept; per query head
+            with --per-query-head), FlashInfer backend B (fa2 / fa3, --backends): kernel speed vs density
+  chunk     the last 8K chunk of the longest length (each length with --chunk-only) over its cached prefix: sparse (each scorer) vs FlashInfer paged dense
             prefill; `_plan_once`: the antidiagonal mask through one reusable fa2 / fa3 plan made for another
             mask, with device-built indices (plan_ms: no host step), rel_err against a fresh plan; `_mid`:
             the same chunk before the prompt's end (no dense last rows)
 TFLOP/s counts the FLOPs each path executes (causal halves included); `ceiling` is a bf16 8K^3 matmul
-measured in the same run. Times are medians of CUDA-event timings after a warm-up.
+measured in the same run. Times are medians of CUDA-event timings after a warm-up; the plan-once rows also
+give select and plan as the GPU's kernel time alone (torch.profiler) and both as a share of dense.
 """
 
 from __future__ import annotations
@@ -70,6 +71,21 @@ def timed(fn: Callable[[], object], reps: int) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def gpu_ms(fn: Callable[[], object], reps: int = 5) -> float:
+    """Device milliseconds per run of `fn`'s kernels (their sum, from torch.profiler): what `fn` costs the GPU
+    when the host launches ahead of it, as in a forward whose other layers keep the GPU busy; `timed` also
+    counts the GPU waiting for launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / reps / 1e3
 
 
 def matmul_ceiling() -> float:
@@ -174,7 +190,9 @@ def plan_times(
     return indices_ms, host_ms(lambda: sparse.plan(mask, q, scale, num_kv_heads=HKV))
 
 
-def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends: list[str]) -> list[dict]:
+def bench_length(
+    length: int, ceiling: float, workspace: torch.Tensor, backends: list[str], densities: list[float]
+) -> list[dict]:
     reps = 10 if length <= 32768 else 3
     q, k, v, needles = structured_qkv(length, seed=length)
     rows: list[dict] = []
@@ -224,14 +242,15 @@ def bench_length(length: int, ceiling: float, workspace: torch.Tensor, backends:
         )
     cols = torch.arange(layout.num_rows, device=DEV)
     causal = cols[None, :] <= cols[:, None]
-    for density in (1.0, 0.1, 0.05):
-        rand = torch.rand(HKV, layout.num_rows, layout.num_rows, device=DEV) < density
+    mask_heads = HQ if PER_QUERY_HEAD else HKV
+    for density in densities:
+        rand = torch.rand(mask_heads, layout.num_rows, layout.num_rows, device=DEV) < density
         rmask = (rand | (cols[None, :] == cols[:, None])) & causal
-        flops = plan_flops(build_plan_indices(rmask, layout, locs), HKV)
+        flops = plan_flops(build_plan_indices(rmask, layout, locs, HKV), mask_heads)
         for backend in backends:
             sparse = SparsePrefill(scorer_settings(), BlockSparseAttention(workspace, backend))
             sparse.begin(layout, locs)
-            sparse.plan(rmask, q, scale)
+            sparse.plan(rmask, q, scale, num_kv_heads=HKV)
             ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
             name = f"rand_{density}_{sparse.attention.backend}"
             rows.append(dict(L=length, path=name, ms=ms, tflops=flops / ms / 1e9, density=density))
@@ -301,6 +320,9 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
     for row in rows:
         row["vs_sdpa"] = rows[0]["ms"] / row["ms"]  # here: vs FlashInfer paged dense
         row["pct_ceiling"] = 100 * row["tflops"] / ceiling
+        if "select_gpu_ms" in row:  # select + plan against the dense attention they replace
+            row["overhead_pct"] = 100 * (row["select_ms"] + row["plan_ms"]) / rows[0]["ms"]
+            row["overhead_gpu_pct"] = 100 * (row["select_gpu_ms"] + row["plan_gpu_ms"]) / rows[0]["ms"]
     return rows
 
 
@@ -323,6 +345,7 @@ def plan_once_rows(
         sparse.begin(layout, locs)
         mask = sparse.select(q, k, scale)
         select_ms = timed(lambda sparse=sparse: sparse.select(q, k, scale), 5)
+        select_gpu_ms = gpu_ms(lambda sparse=sparse: sparse.select(q, k, scale))
         sparse.plan(mask, q, scale, num_kv_heads=HKV)
         fresh = sparse.attention.run(q, k, v)
         cols = torch.arange(layout.max_key_blocks, device=DEV)[None, :]
@@ -338,6 +361,7 @@ def plan_once_rows(
             once.use_indices(*device_plan_indices(mask, layout, locs, HKV, buffer))
 
         plan_ms = timed(indices, 5)
+        plan_gpu_ms = gpu_ms(indices)
         indices()
         attn_ms = timed(lambda once=once: once.run(q, k, v), 5)
         out = once.run(q, k, v)
@@ -350,6 +374,8 @@ def plan_once_rows(
                 ms=select_ms + plan_ms + attn_ms,
                 select_ms=select_ms,
                 plan_ms=plan_ms,
+                select_gpu_ms=select_gpu_ms,
+                plan_gpu_ms=plan_gpu_ms,
                 attn_ms=attn_ms,
                 tflops=plan_flops(kept, mask.shape[0]) / attn_ms / 1e9,
                 density=sparse.density(mask),
@@ -360,8 +386,8 @@ def plan_once_rows(
 
 
 COLUMNS = (
-    "L path backend ms select_ms plan_ms indices_ms attn_ms per_layer_overhead vs_sdpa shared_ms vs_sdpa_shared "
-    "tflops pct_ceiling density recall rel_err"
+    "L path backend ms select_ms plan_ms indices_ms select_gpu_ms plan_gpu_ms overhead_pct overhead_gpu_pct attn_ms "
+    "per_layer_overhead vs_sdpa shared_ms vs_sdpa_shared tflops pct_ceiling density recall rel_err"
 )
 
 
@@ -385,6 +411,10 @@ def table(rows: list[dict], ceiling: float) -> str:
         "plan_ms: indices + direct FlashInfer planner call (what runs); indices_ms: the index building "
         "alone (kv_indptr, its read-back, token-index expansion), the rest of plan_ms is the planner."
     )
+    lines.append(
+        "*_gpu_ms: the kernels' device time (torch.profiler), without the host's launch time; overhead_pct / "
+        "overhead_gpu_pct: select + plan (wall / device) over the chunk's dense FlashInfer time."
+    )
     return "\n".join(lines)
 
 
@@ -404,8 +434,12 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--per-query-head", action="store_true", help="scored rows select per query head")
     parser.add_argument(
-        "--chunk-only", action="store_true", help="only the chunk rows (over the longest --lens)"
+        "--chunk-only", action="store_true", help="only the chunk rows, over each --lens (else the longest)"
     )
+    parser.add_argument(
+        "--densities", type=float, nargs="+", default=[1.0, 0.1, 0.05],
+        help="densities of the random-mask rows (per query head with --per-query-head)",
+    )  # fmt: skip
     args = parser.parse_args()
     HQ, HKV = args.heads
     PER_QUERY_HEAD = args.per_query_head
@@ -414,10 +448,12 @@ def main() -> None:
     ceiling = matmul_ceiling()
     rows: list[dict] = []
     for length in [] if args.chunk_only else args.lens:
-        rows += bench_length(length, ceiling, workspace, args.backends)
+        rows += bench_length(length, ceiling, workspace, args.backends, args.densities)
         print(json.dumps([r for r in rows if r["L"] == length]), flush=True)
         torch.cuda.empty_cache()
-    rows += bench_chunk(max(args.lens), args.chunk, workspace, ceiling)
+    for length in args.lens if args.chunk_only else [max(args.lens)]:
+        rows += bench_chunk(length, args.chunk, workspace, ceiling)
+        torch.cuda.empty_cache()
     info = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, ceiling_tflops=ceiling, heads=[HQ, HKV],
         per_query_head=PER_QUERY_HEAD, rows=rows,
