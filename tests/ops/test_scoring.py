@@ -237,3 +237,25 @@ def test_a_chunk_selects_at_its_whole_prompts_mass() -> None:
         select_by_mass_triton(mass * causal[None], layout, settings),
         select_by_mass_torch(mass * causal[None], layout, settings),
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decay", [0.0, 0.075])
+def test_the_mass_selection_kernel_on_cuda_keeps_what_the_fp32_sort_keeps(decay: float) -> None:
+    """The compiled kernel (its sums in another order than the CPU's) against the torch sort in fp32 on the
+    CPU, a 128K prompt's chunk beside a short request: the same blocks but where a row's threshold sits within
+    rounding of a cumulative sum (then one block more or fewer)."""
+    prompt_lens = torch.tensor([131072, 600])
+    layout = BlockLayout.build([16 * 400, 0], [160, 600], BLOCK, prompt_lens=prompt_lens)
+    gen = torch.Generator().manual_seed(11)
+    mass = torch.randn(12, layout.num_rows, layout.max_key_blocks, generator=gen).exp() ** 3
+    causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
+    mass = mass * causal[None]
+    mass /= mass.sum(-1, keepdim=True)
+    settings = SparseSettings(block_size=BLOCK, mass=0.8, mass_decay=decay, mass_len=2048, local_blocks=2)
+    want = select_by_mass_torch(mass, layout, settings)
+    cuda = BlockLayout.build([16 * 400, 0], [160, 600], BLOCK, "cuda", prompt_lens=prompt_lens.cuda())
+    got = select_by_mass_triton(mass.cuda(), cuda, settings).cpu()
+    rows_differ = (got != want).any(-1)
+    assert float(rows_differ.float().mean()) < 0.02
+    assert bool(((got.sum(-1) - want.sum(-1)).abs() <= 1).all())
