@@ -14,14 +14,17 @@ Rows per length L:
             single key token (density is a property of this data); shared_ms counts select + plan once
             per 30 layers, as with --prefill-ext-sparse-per-layer off
   rand_d_B  attention only over a random block mask of density d (--densities; diagonal kept; per query head
-            with --per-query-head), FlashInfer backend B (fa2 / fa3, --backends): kernel speed vs density
+            with --per-query-head), FlashInfer backend B (fa2 / fa3, --backends): kernel speed vs density;
+            rand_d_antidiagonal_plan_once: the layer as the server runs it at a real model's density d, the
+            antidiagonal selection's time + device indices into a reused plan + attention
   chunk     the last 8K chunk of the longest length (each length with --chunk-only) over its cached prefix: sparse (each scorer) vs FlashInfer paged dense
             prefill; `_plan_once`: the antidiagonal mask through one reusable fa2 / fa3 plan made for another
             mask, with device-built indices (plan_ms: no host step), rel_err against a fresh plan; `_mid`:
-            the same chunk before the prompt's end (no dense last rows)
+            the same chunk before the prompt's end (no dense last rows), also over random masks at --densities
 TFLOP/s counts the FLOPs each path executes (causal halves included); `ceiling` is a bf16 8K^3 matmul
 measured in the same run. Times are medians of CUDA-event timings after a warm-up; the plan-once rows also
-give select and plan as the GPU's kernel time alone (torch.profiler) and both as a share of dense.
+time select and plan queued behind other GPU work (the host ahead, as in a forward) and give both as a share
+of dense. vs_dense: against FlashInfer's dense kernel (ragged for whole prompts, paged for chunks).
 """
 
 from __future__ import annotations
@@ -73,19 +76,17 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def gpu_ms(fn: Callable[[], object], reps: int = 5) -> float:
-    """Device milliseconds per run of `fn`'s kernels (their sum, from torch.profiler): what `fn` costs the GPU
-    when the host launches ahead of it, as in a forward whose other layers keep the GPU busy; `timed` also
-    counts the GPU waiting for launches."""
-    from torch.profiler import ProfilerActivity, profile
+def queued_ms(fn: Callable[[], object], reps: int = 10) -> float:
+    """Milliseconds `fn` adds to a stream the host is ahead of, as in a forward whose other work keeps the GPU
+    busy while the host launches: (a ~3 ms matmul, then fn) minus the matmul alone. `timed` also counts the
+    GPU waiting for `fn`'s launches."""
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / reps / 1e3
+    def busy() -> None:
+        for _ in range(2):
+            a @ a
+
+    return max(0.0, timed(lambda: (busy(), fn()), reps) - timed(busy, reps))
 
 
 def matmul_ceiling() -> float:
@@ -190,6 +191,59 @@ def plan_times(
     return indices_ms, host_ms(lambda: sparse.plan(mask, q, scale, num_kv_heads=HKV))
 
 
+def random_mask(layout: BlockLayout, heads: int, density: float) -> torch.Tensor:
+    """Kept blocks [heads, R, C] drawn at `density` over the causal ones, the diagonal always kept."""
+    cols = torch.arange(layout.max_key_blocks, device=DEV)[None, :]
+    diag = layout.row_block.long()[:, None]
+    rand = torch.rand(heads, layout.num_rows, layout.max_key_blocks, device=DEV) < density
+    return (rand | (cols == diag)) & (cols <= diag)
+
+
+def reused_plan(
+    mask: torch.Tensor, layout: BlockLayout, q: torch.Tensor, locs: torch.Tensor, workspace: torch.Tensor,
+    backend: str = "auto", first_density: float = 0.2,
+) -> tuple[BlockSparseAttention, Callable[[], None]]:  # fmt: skip
+    """`mask` run as every sparse layer after a forward's first runs it with --prefill-ext-sparse-plan-once:
+    through one reusable plan made for another layer's mask (random at `first_density`), with its indices
+    built on the device. Returns the planned attention and the index step (no host step), already run."""
+    buffer = torch.empty(causal_tokens(layout, mask.shape[0]), dtype=torch.int32, device=DEV)
+    once = BlockSparseAttention(torch.empty_like(workspace), backend)
+    first = build_plan_indices(random_mask(layout, mask.shape[0], first_density), layout, locs, HKV)
+    once.plan(first, HQ, mask.shape[0], D, q.dtype, D**-0.5, reusable=True)
+
+    def indices() -> None:
+        once.use_indices(*device_plan_indices(mask, layout, locs, HKV, buffer))
+
+    indices()
+    return once, indices
+
+
+def plan_once_row(
+    path: str, L: int, select_ms: float, mask: torch.Tensor, layout: BlockLayout, qkv: tuple, locs: torch.Tensor,
+    workspace: torch.Tensor, backend: str = "auto", density: float | None = None,
+) -> dict:  # fmt: skip
+    """One layer's cost on the plan-once path: `select_ms` (measured by the caller), the device indices of
+    `mask` into a reused plan (made for another layer's mask at `density`, default 0.2) and the attention; `*_queued_ms`: the
+    same steps with the host ahead of the GPU."""
+    q, k, v = qkv
+    once, indices = reused_plan(mask, layout, q, locs, workspace, backend, density or 0.2)
+    plan_ms = timed(indices, 5)
+    attn_ms = timed(lambda: once.run(q, k, v), 5)
+    return dict(
+        L=L,
+        path=path,
+        backend=once.backend,
+        ms=select_ms + plan_ms + attn_ms,
+        select_ms=select_ms,
+        plan_ms=plan_ms,
+        plan_queued_ms=queued_ms(indices),
+        attn_ms=attn_ms,
+        tflops=plan_flops(build_plan_indices(mask, layout, locs, HKV), mask.shape[0]) / attn_ms / 1e9,
+        density=float(mask.sum()) / float((layout.row_block.long() + 1).sum()) / mask.shape[0],
+        out=once.run(q, k, v),
+    )
+
+
 def bench_length(
     length: int, ceiling: float, workspace: torch.Tensor, backends: list[str], densities: list[float]
 ) -> list[dict]:
@@ -209,16 +263,17 @@ def bench_length(
     locs = torch.arange(length, device=DEV)
     scale = D**-0.5
     causal_blocks = layout.num_rows * (layout.num_rows + 1) / 2
+    select_ms = {}
     for scorer in SCORERS:
         sparse = SparsePrefill(scorer_settings(scorer), BlockSparseAttention(workspace, backends[0]))
         sparse.begin(layout, locs)
-        select_ms = timed(lambda s=sparse: s.select(q, k, scale), reps)
+        select_ms[scorer] = timed(lambda s=sparse: s.select(q, k, scale), reps)
         mask = sparse.select(q, k, scale)
         indices_ms, plan_ms = plan_times(sparse, mask, q, scale, locs)
         indices = build_plan_indices(mask, layout, locs, HKV)
         attn_ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
         out = sparse.attention.run(q, k, v)
-        total = select_ms + plan_ms + attn_ms
+        total = select_ms[scorer] + plan_ms + attn_ms
         kept = kv_head_mask(mask)
         missed = [n for n in needles if not bool(kept[n[:3]])]
         rows.append(
@@ -227,25 +282,27 @@ def bench_length(
                 path=f"sparse_{scorer}",
                 backend=sparse.attention.backend,
                 ms=total,
-                select_ms=select_ms,
+                select_ms=select_ms[scorer],
                 plan_ms=plan_ms,
                 indices_ms=indices_ms,
                 attn_ms=attn_ms,
-                shared_ms=attn_ms + (select_ms + plan_ms) / SPARSE_LAYERS,
+                shared_ms=attn_ms + (select_ms[scorer] + plan_ms) / SPARSE_LAYERS,
                 density=float(mask.sum()) / causal_blocks / mask.shape[0],
                 recall=1 - len(missed) / len(needles),
                 missed=missed,
                 rel_err=float((out.float() - dense_out.float()).norm() / dense_out.float().norm()),
                 tflops=plan_flops(indices, mask.shape[0]) / attn_ms / 1e9,
-                per_layer_overhead=(select_ms + plan_ms) / attn_ms,
+                per_layer_overhead=(select_ms[scorer] + plan_ms) / attn_ms,
             )
         )
-    cols = torch.arange(layout.num_rows, device=DEV)
-    causal = cols[None, :] <= cols[:, None]
     mask_heads = HQ if PER_QUERY_HEAD else HKV
     for density in densities:
-        rand = torch.rand(mask_heads, layout.num_rows, layout.num_rows, device=DEV) < density
-        rmask = (rand | (cols[None, :] == cols[:, None])) & causal
+        if density * causal_tokens(layout, mask_heads) >= 2**31:
+            print(
+                f"rand_{density}: skipped, its page indices overflow FlashInfer's int32 kv_indptr", flush=True
+            )
+            continue
+        rmask = random_mask(layout, mask_heads, density)
         flops = plan_flops(build_plan_indices(rmask, layout, locs, HKV), mask_heads)
         for backend in backends:
             sparse = SparsePrefill(scorer_settings(), BlockSparseAttention(workspace, backend))
@@ -254,15 +311,25 @@ def bench_length(
             ms = timed(lambda s=sparse: s.attention.run(q, k, v), reps)
             name = f"rand_{density}_{sparse.attention.backend}"
             rows.append(dict(L=length, path=name, ms=ms, tflops=flops / ms / 1e9, density=density))
+        if density < 1:  # at a density a real model selects: the whole plan-once layer, selection included
+            row = plan_once_row(
+                f"rand_{density}_antidiagonal_plan_once", length, select_ms["antidiagonal"], rmask, layout,
+                (q, k, v), locs, workspace, backends[0], density,
+            )  # fmt: skip
+            del row["out"]
+            rows.append(row)
+    dense_ms = rows[1]["ms"]
     for row in rows:
-        row["vs_sdpa"] = rows[0]["ms"] / row["ms"]
+        row["vs_dense"] = dense_ms / row["ms"]
         if "shared_ms" in row:
-            row["vs_sdpa_shared"] = rows[0]["ms"] / row["shared_ms"]
+            row["vs_dense_shared"] = dense_ms / row["shared_ms"]
         row["pct_ceiling"] = 100 * row["tflops"] / ceiling
     return rows
 
 
-def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float) -> list[dict]:
+def bench_chunk(
+    total: int, chunk: int, workspace: torch.Tensor, ceiling: float, densities: list[float]
+) -> list[dict]:
     """The last chunk of a long prompt over its cached prefix, as chunked prefill runs it."""
     from flashinfer import BatchPrefillWithPagedKVCacheWrapper
 
@@ -316,78 +383,65 @@ def bench_chunk(total: int, chunk: int, workspace: torch.Tensor, ceiling: float)
                 density=sparse.density(mask),
             )
         )
-    rows += plan_once_rows(total, chunk, q_chunk, k, v, workspace)
+    rows += plan_once_rows(total, chunk, (q_chunk, k, v), workspace, densities)
     for row in rows:
-        row["vs_sdpa"] = rows[0]["ms"] / row["ms"]  # here: vs FlashInfer paged dense
+        row["vs_dense"] = rows[0]["ms"] / row["ms"]  # here: vs FlashInfer paged dense
         row["pct_ceiling"] = 100 * row["tflops"] / ceiling
-        if "select_gpu_ms" in row:  # select + plan against the dense attention they replace
+        if "select_queued_ms" in row:  # select + plan against the dense attention they replace
             row["overhead_pct"] = 100 * (row["select_ms"] + row["plan_ms"]) / rows[0]["ms"]
-            row["overhead_gpu_pct"] = 100 * (row["select_gpu_ms"] + row["plan_gpu_ms"]) / rows[0]["ms"]
+            row["overhead_queued_pct"] = (
+                100 * (row["select_queued_ms"] + row["plan_queued_ms"]) / rows[0]["ms"]
+            )
     return rows
 
 
 def plan_once_rows(
-    total: int, chunk: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, workspace: torch.Tensor
+    total: int, chunk: int, qkv: tuple, workspace: torch.Tensor, densities: list[float]
 ) -> list[dict]:
     """The chunk's antidiagonal selection run through one reusable plan (fa2: split-KV off; fa3: its work
     items' KV ranges rewritten) made for another layer's mask, as every sparse layer of a forward after the
     first runs with --prefill-ext-sparse-plan-once: device indices + attention, no host step; rel_err
     against a fresh plan of the same mask says whether the reuse is exact. `_mid`: the same chunk before
-    the prompt's end (its last rows selected like the others, not dense over the whole prefix)."""
+    the prompt's end (its last rows selected like the others, not dense over the whole prefix), also with
+    random masks at `densities` (a real model's), the antidiagonal selection's time counted."""
     prefix = total - chunk
+    q, k, v = qkv
     scale = D**-0.5
     locs = torch.arange(total, device=DEV)
+    name = f"chunk{chunk // 1024}K_antidiagonal_plan_once"
     rows = []
     for backend, ends in (("fa2", True), ("fa3", True), ("fa3", False)):
         prompt_lens = torch.tensor([total if ends else total + chunk], device=DEV)
         layout = BlockLayout.build([prefix], [chunk], BLOCK, DEV, prompt_lens=prompt_lens)
-        sparse = SparsePrefill(scorer_settings("antidiagonal"), BlockSparseAttention(workspace))
+        sparse = SparsePrefill(scorer_settings("antidiagonal"), BlockSparseAttention(workspace, backend))
         sparse.begin(layout, locs)
         mask = sparse.select(q, k, scale)
         select_ms = timed(lambda sparse=sparse: sparse.select(q, k, scale), 5)
-        select_gpu_ms = gpu_ms(lambda sparse=sparse: sparse.select(q, k, scale))
+        select_queued_ms = queued_ms(lambda sparse=sparse: sparse.select(q, k, scale))
         sparse.plan(mask, q, scale, num_kv_heads=HKV)
         fresh = sparse.attention.run(q, k, v)
-        cols = torch.arange(layout.max_key_blocks, device=DEV)[None, :]
-        diag = layout.row_block.long()[:, None]
-        first = ((torch.rand(mask.shape, device=DEV) < 0.2) | (cols == diag)) & (cols <= diag)  # "layer 1"
-        buffer = torch.empty(causal_tokens(layout, mask.shape[0]), dtype=torch.int32, device=DEV)
-        once = BlockSparseAttention(torch.empty_like(workspace), backend)
-        once.plan(
-            build_plan_indices(first, layout, locs, HKV), HQ, mask.shape[0], D, q.dtype, scale, reusable=True
+        row = plan_once_row(
+            name + ("" if ends else "_mid"), total, select_ms, mask, layout, qkv, locs, workspace, backend
         )
-
-        def indices(once=once, mask=mask, layout=layout, buffer=buffer) -> None:
-            once.use_indices(*device_plan_indices(mask, layout, locs, HKV, buffer))
-
-        plan_ms = timed(indices, 5)
-        plan_gpu_ms = gpu_ms(indices)
-        indices()
-        attn_ms = timed(lambda once=once: once.run(q, k, v), 5)
-        out = once.run(q, k, v)
-        kept = build_plan_indices(mask, layout, locs, HKV)
-        rows.append(
-            dict(
-                L=total,
-                path=f"chunk{chunk // 1024}K_antidiagonal_plan_once" + ("" if ends else "_mid"),
-                backend=once.backend,
-                ms=select_ms + plan_ms + attn_ms,
-                select_ms=select_ms,
-                plan_ms=plan_ms,
-                select_gpu_ms=select_gpu_ms,
-                plan_gpu_ms=plan_gpu_ms,
-                attn_ms=attn_ms,
-                tflops=plan_flops(kept, mask.shape[0]) / attn_ms / 1e9,
-                density=sparse.density(mask),
-                rel_err=float((out.float() - fresh.float()).norm() / fresh.float().norm()),
-            )
-        )
+        out = row.pop("out")
+        row["select_queued_ms"] = select_queued_ms
+        row["rel_err"] = float((out.float() - fresh.float()).norm() / fresh.float().norm())
+        rows.append(row)
+        if not ends:
+            for density in (d for d in densities if d < 1):
+                row = plan_once_row(
+                    f"chunk{chunk // 1024}K_rand_{density}_plan_once_mid", total, select_ms,
+                    random_mask(layout, mask.shape[0], density), layout, qkv, locs, workspace, backend, density,
+                )  # fmt: skip
+                del row["out"]
+                row["select_queued_ms"] = select_queued_ms
+                rows.append(row)
     return rows
 
 
 COLUMNS = (
-    "L path backend ms select_ms plan_ms indices_ms select_gpu_ms plan_gpu_ms overhead_pct overhead_gpu_pct attn_ms "
-    "per_layer_overhead vs_sdpa shared_ms vs_sdpa_shared tflops pct_ceiling density recall rel_err"
+    "L path backend ms select_ms plan_ms indices_ms select_queued_ms plan_queued_ms overhead_pct overhead_queued_pct "
+    "attn_ms per_layer_overhead vs_dense shared_ms vs_dense_shared tflops pct_ceiling density recall rel_err"
 )
 
 
@@ -401,7 +455,7 @@ def table(rows: list[dict], ceiling: float) -> str:
             cells.append(f"{x:.3g}" if isinstance(x, float) and not math.isnan(x) else str(x))
         lines.append(" | ".join(cells))
     lines.append(
-        "vs_sdpa: dense torch SDPA time / this row's (chunk rows: FlashInfer paged dense time / this row's)."
+        "vs_dense: FlashInfer ragged dense (fi_dense) time / this row's (chunk rows: FlashInfer paged dense)."
     )
     lines.append(
         "per_layer_overhead: (select + plan) / attention, the cost of selecting in every layer, not once; "
@@ -412,8 +466,8 @@ def table(rows: list[dict], ceiling: float) -> str:
         "alone (kv_indptr, its read-back, token-index expansion), the rest of plan_ms is the planner."
     )
     lines.append(
-        "*_gpu_ms: the kernels' device time (torch.profiler), without the host's launch time; overhead_pct / "
-        "overhead_gpu_pct: select + plan (wall / device) over the chunk's dense FlashInfer time."
+        "*_queued_ms: the step's time with the host ahead of the GPU (as in a forward); overhead_pct / "
+        "overhead_queued_pct: select + plan (alone / queued) over the chunk's dense FlashInfer time."
     )
     return "\n".join(lines)
 
@@ -452,7 +506,7 @@ def main() -> None:
         print(json.dumps([r for r in rows if r["L"] == length]), flush=True)
         torch.cuda.empty_cache()
     for length in args.lens if args.chunk_only else [max(args.lens)]:
-        rows += bench_chunk(length, args.chunk, workspace, ceiling)
+        rows += bench_chunk(length, args.chunk, workspace, ceiling, args.densities)
         torch.cuda.empty_cache()
     info = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, ceiling_tflops=ceiling, heads=[HQ, HKV],
