@@ -23,8 +23,8 @@ Rows per length L:
             the same chunk before the prompt's end (no dense last rows), also over random masks at --densities
 TFLOP/s counts the FLOPs each path executes (causal halves included); `ceiling` is a bf16 8K^3 matmul
 measured in the same run. Times are medians of CUDA-event timings after a warm-up; the plan-once rows also
-time select and plan queued behind other GPU work (the host ahead, as in a forward) and give both as a share
-of dense. vs_dense: against FlashInfer's dense kernel (ragged for whole prompts, paged for chunks).
+give select and plan as the GPU's kernel time alone (torch.profiler) and both as a share of dense.
+vs_dense: against FlashInfer's dense kernel (ragged for whole prompts, paged for chunks).
 """
 
 from __future__ import annotations
@@ -76,17 +76,19 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def queued_ms(fn: Callable[[], object], reps: int = 10) -> float:
-    """Milliseconds `fn` adds to a stream the host is ahead of, as in a forward whose other work keeps the GPU
-    busy while the host launches: (a ~3 ms matmul, then fn) minus the matmul alone. `timed` also counts the
-    GPU waiting for `fn`'s launches."""
-    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+def gpu_ms(fn: Callable[[], object], reps: int = 5) -> float:
+    """Device milliseconds per run of `fn`'s kernels (their sum, from torch.profiler): what `fn` costs the GPU
+    when the host launches ahead of it, as in a forward whose other layers keep the GPU busy; `timed` also
+    counts the GPU waiting for launches."""
+    from torch.profiler import ProfilerActivity, profile
 
-    def busy() -> None:
-        for _ in range(2):
-            a @ a
-
-    return max(0.0, timed(lambda: (busy(), fn()), reps) - timed(busy, reps))
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / reps / 1e3
 
 
 def matmul_ceiling() -> float:
@@ -223,8 +225,8 @@ def plan_once_row(
     workspace: torch.Tensor, backend: str = "auto", density: float | None = None,
 ) -> dict:  # fmt: skip
     """One layer's cost on the plan-once path: `select_ms` (measured by the caller), the device indices of
-    `mask` into a reused plan (made for another layer's mask at `density`, default 0.2) and the attention; `*_queued_ms`: the
-    same steps with the host ahead of the GPU."""
+    `mask` into a reused plan (made for another layer's mask at `density`, default 0.2) and the attention;
+    `plan_gpu_ms`: the index step's kernel time alone."""
     q, k, v = qkv
     once, indices = reused_plan(mask, layout, q, locs, workspace, backend, density or 0.2)
     plan_ms = timed(indices, 5)
@@ -236,7 +238,7 @@ def plan_once_row(
         ms=select_ms + plan_ms + attn_ms,
         select_ms=select_ms,
         plan_ms=plan_ms,
-        plan_queued_ms=queued_ms(indices),
+        plan_gpu_ms=gpu_ms(indices),
         attn_ms=attn_ms,
         tflops=plan_flops(build_plan_indices(mask, layout, locs, HKV), mask.shape[0]) / attn_ms / 1e9,
         density=float(mask.sum()) / float((layout.row_block.long() + 1).sum()) / mask.shape[0],
@@ -387,11 +389,9 @@ def bench_chunk(
     for row in rows:
         row["vs_dense"] = rows[0]["ms"] / row["ms"]  # here: vs FlashInfer paged dense
         row["pct_ceiling"] = 100 * row["tflops"] / ceiling
-        if "select_queued_ms" in row:  # select + plan against the dense attention they replace
+        if "select_gpu_ms" in row:  # select + plan against the dense attention they replace
             row["overhead_pct"] = 100 * (row["select_ms"] + row["plan_ms"]) / rows[0]["ms"]
-            row["overhead_queued_pct"] = (
-                100 * (row["select_queued_ms"] + row["plan_queued_ms"]) / rows[0]["ms"]
-            )
+            row["overhead_gpu_pct"] = 100 * (row["select_gpu_ms"] + row["plan_gpu_ms"]) / rows[0]["ms"]
     return rows
 
 
@@ -417,14 +417,14 @@ def plan_once_rows(
         sparse.begin(layout, locs)
         mask = sparse.select(q, k, scale)
         select_ms = timed(lambda sparse=sparse: sparse.select(q, k, scale), 5)
-        select_queued_ms = queued_ms(lambda sparse=sparse: sparse.select(q, k, scale))
+        select_gpu_ms = gpu_ms(lambda sparse=sparse: sparse.select(q, k, scale))
         sparse.plan(mask, q, scale, num_kv_heads=HKV)
         fresh = sparse.attention.run(q, k, v)
         row = plan_once_row(
             name + ("" if ends else "_mid"), total, select_ms, mask, layout, qkv, locs, workspace, backend
         )
         out = row.pop("out")
-        row["select_queued_ms"] = select_queued_ms
+        row["select_gpu_ms"] = select_gpu_ms
         row["rel_err"] = float((out.float() - fresh.float()).norm() / fresh.float().norm())
         rows.append(row)
         if not ends:
@@ -434,13 +434,13 @@ def plan_once_rows(
                     random_mask(layout, mask.shape[0], density), layout, qkv, locs, workspace, backend, density,
                 )  # fmt: skip
                 del row["out"]
-                row["select_queued_ms"] = select_queued_ms
+                row["select_gpu_ms"] = select_gpu_ms
                 rows.append(row)
     return rows
 
 
 COLUMNS = (
-    "L path backend ms select_ms plan_ms indices_ms select_queued_ms plan_queued_ms overhead_pct overhead_queued_pct "
+    "L path backend ms select_ms plan_ms indices_ms select_gpu_ms plan_gpu_ms overhead_pct overhead_gpu_pct "
     "attn_ms per_layer_overhead vs_dense shared_ms vs_dense_shared tflops pct_ceiling density recall rel_err"
 )
 
@@ -466,8 +466,8 @@ def table(rows: list[dict], ceiling: float) -> str:
         "alone (kv_indptr, its read-back, token-index expansion), the rest of plan_ms is the planner."
     )
     lines.append(
-        "*_queued_ms: the step's time with the host ahead of the GPU (as in a forward); overhead_pct / "
-        "overhead_queued_pct: select + plan (alone / queued) over the chunk's dense FlashInfer time."
+        "*_gpu_ms: the kernels' device time (torch.profiler), without the host's launch time; overhead_pct / "
+        "overhead_gpu_pct: select + plan (wall / device) over the chunk's dense FlashInfer time."
     )
     return "\n".join(lines)
 
