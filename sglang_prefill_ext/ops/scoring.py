@@ -201,9 +201,11 @@ def select_blocks_torch(
 
 def mass_fraction(prompt_len: torch.Tensor, settings: SparseSettings) -> torch.Tensor:
     """The mass each prompt's rows hold: `settings.mass`, less `mass_decay` per doubling of the whole prompt
-    beyond `mass_len` tokens, at least 0 (float32, `prompt_len`'s shape)."""
+    beyond `mass_len` tokens, at least 0; a mass of 1 (every block) is not lowered (float32, `prompt_len`'s
+    shape)."""
     doublings = torch.log2(prompt_len.float() / settings.mass_len).clamp(min=0.0)
-    return (settings.mass - settings.mass_decay * doublings).clamp(min=0.0)
+    decay = 0.0 if settings.mass >= 1.0 else settings.mass_decay
+    return (settings.mass - decay * doublings).clamp(min=0.0)
 
 
 @triton.jit
@@ -290,8 +292,8 @@ def select_by_mass_torch(mass: torch.Tensor, layout: BlockLayout, settings: Spar
 def select_by_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
     """Per (head, row) the fewest key blocks whose estimated mass reaches the row's `mass_fraction` (largest
     first), plus the structural blocks: bool [H, R, C] (H: the mass's heads, KV or query heads). `mass` is
-    zero outside causal blocks; a coverage of 1 keeps every causal block."""
-    if settings.mass >= 1.0 and settings.mass_decay == 0:
+    zero outside causal blocks; a mass of 1 keeps every causal block, at any prompt length."""
+    if settings.mass >= 1.0:
         cols, diag = _columns_and_diagonals(layout, mass.device)
         return (cols <= diag)[None].expand_as(mass).clone()
     impl = select_by_mass_triton if triton_enabled(mass) else select_by_mass_torch

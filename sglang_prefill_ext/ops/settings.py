@@ -48,13 +48,13 @@ class SparseSettings:
         "Sampled and antidiagonal scorers: the fraction of each query block's estimated attention (per query "
         "head, or the mean over its KV head's query heads) the kept blocks must hold, largest first, in a "
         "prompt of up to --prefill-ext-sparse-mass-len tokens (less in a longer one: "
-        "--prefill-ext-sparse-mass-decay); 1 keeps them all.",
+        "--prefill-ext-sparse-mass-decay); 1 keeps them all, at every length.",
     )
     mass_decay: float = _setting(
         0.075,
         "Sampled and antidiagonal scorers: how much the mass falls per doubling of the whole prompt beyond "
         "--prefill-ext-sparse-mass-len tokens (a longer prompt keeps its accuracy at a lower "
-        "mass); 0 keeps --prefill-ext-sparse-mass at every length.",
+        "mass); 0 keeps --prefill-ext-sparse-mass at every length, as does a mass of 1.",
     )
     mass_len: int = _setting(
         32768, "Sampled and antidiagonal scorers: the prompt length up to which the mass is not lowered."

@@ -13,6 +13,7 @@ from sglang_prefill_ext.ops.scoring import (
     mass_fraction,
     select_blocks_torch,
     select_blocks_triton,
+    select_by_mass,
     select_by_mass_torch,
     select_by_mass_triton,
 )
@@ -219,6 +220,16 @@ def test_the_mass_falls_per_doubling_of_the_prompt_beyond_mass_len() -> None:
     )
     with pytest.raises(ValueError, match="mass_decay"):
         SparseSettings(mass_decay=-0.1)
+
+
+def test_a_mass_of_one_keeps_every_causal_block_of_a_long_prompt() -> None:
+    """The decay lowers a mass below 1 only: --prefill-ext-sparse-mass 1 is dense at any length."""
+    layout = BlockLayout.build([16 * 60], [64], BLOCK, prompt_lens=torch.tensor([1 << 20]))
+    settings = SparseSettings(block_size=BLOCK, mass=1.0, mass_decay=0.2, mass_len=1024)
+    assert mass_fraction(layout.req_prompt_len, settings).tolist() == [1.0]
+    mass = torch.rand(2, layout.num_rows, layout.max_key_blocks, generator=torch.Generator().manual_seed(5))
+    causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
+    assert torch.equal(select_by_mass(mass * causal[None], layout, settings), causal[None].expand_as(mass))
 
 
 def test_a_chunk_selects_at_its_whole_prompts_mass() -> None:
