@@ -42,6 +42,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.accuracy import corpora
+from bench.accuracy.corpora import CORPORA
 from bench.lib.real_text import corpus_ids
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
@@ -336,6 +338,10 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
+        "--corpus", choices=sorted(CORPORA), default=None,
+        help="the text (bench/accuracy/corpora.py); default: bench/lib/real_text.py's standard-library modules",
+    )  # fmt: skip
+    parser.add_argument(
         "--device",
         default="cuda",
         help="cuda: the package's FlashInfer sparse path in bf16; cpu: the same selection, then exact fp32 "
@@ -371,7 +377,14 @@ def main() -> None:
         attentions[config.text] = SparseAttention(
             sparse, a.dense_layers, not a.shared, emulate, oracle=oracle, max_density=a.max_density
         )
-    ids = corpus_ids(tokenizer, a.prompts * a.length)
+    if a.corpus is None:
+        ids = corpus_ids(tokenizer, a.prompts * a.length)
+    else:
+        ids = corpora.corpus_ids(
+            a.corpus,
+            lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+            a.prompts * a.length,
+        )
     dense_rows: list[dict[str, float]] = []
     per_config: dict[str, list[dict[str, float]]] = {c: [] for c in attentions}
     for i in range(a.prompts):
@@ -404,7 +417,7 @@ def main() -> None:
         summaries.append(dict(config=name, **summary))
         print(report_line(f"{name} (mass {summary['mass']:.3f})", summary, dense_summary), flush=True)
     info = dict(
-        model=a.model_dir, length=a.length, prompts=a.prompts, dense_layers=a.dense_layers,
+        model=a.model_dir, corpus=a.corpus or "real_text", length=a.length, prompts=a.prompts, dense_layers=a.dense_layers,
         block_size=a.block_size, samples=a.samples, local_blocks=a.local_blocks, tf32=a.tf32,
         max_density=a.max_density, dense=dense_summary,
         selection="shared (first sparse layer)" if a.shared else "per layer", configs=summaries,
