@@ -1,5 +1,6 @@
 """`sglang-prefill-ext {apply,revert,check,status}`: manage the patches on an installed SGLang;
-`sglang-prefill-ext doctor LOG ...`: why prompts miss the prefix cache (`doctor/command.py`).
+`sglang-prefill-ext doctor LOG ...`: why prompts miss the prefix cache (`doctor/command.py`);
+`sglang-prefill-ext flags [--markdown]`: the `--prefill-ext-*` flags and their defaults (`flag_table.py`).
 
 By default the SGLang this Python imports, at its installed version. `revert --force-stock` puts
 back every file of SGLang that is not as its RECORD says (patched, changed by hand, missing) from
@@ -52,10 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         from sglang_prefill_ext.doctor import command
 
         return command.main(argv[1:])
+    if argv[:1] == ["flags"]:
+        from sglang_prefill_ext import flag_table
+
+        return flag_table.main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="sglang-prefill-ext", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("verb", choices=["apply", "revert", "check", "status", "doctor"])
+    parser.add_argument("verb", choices=["apply", "revert", "check", "status", "doctor", "flags"])
     parser.add_argument(
         "--sglang-version",
         default=None,

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.lib.stats import percentile
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 
 @dataclasses.dataclass(frozen=True)

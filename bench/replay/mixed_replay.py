@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.lib.goodput import Targets, judge, summarize_goodput
 from bench.replay import schedule_replay as sr
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 # One decode step of a few requests, 8B shape on the H200: stock's 114 tok/s per request (mixed workload).
 DECODE_MS = 8.8

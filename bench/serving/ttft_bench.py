@@ -42,7 +42,7 @@ from bench.serving.workloads import (
     pressure_names,
     workload_kind,
 )
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 LLAMA3_FIRST_SPECIAL = 128000
 
