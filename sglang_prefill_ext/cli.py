@@ -23,11 +23,15 @@ EXIT_ATTENTION = 1
 EXIT_REFUSED = 2
 
 
+def _files(n: int) -> str:
+    return f"{n} file" if n == 1 else f"{n} files"
+
+
 def _force_stock(patches: PatchSet, wheel: Path | None) -> str:
     used, changed = restore_stock(patches.sglang_dir, patches.version, wheel)
     if used is None:
         return "revert: nothing to do (every file is as SGLang's RECORD says)"
-    return f"revert: restored {len(changed)} files from {used}:\n  " + "\n  ".join(changed)
+    return f"revert: restored {_files(len(changed))} from {used}:\n  " + "\n  ".join(changed)
 
 
 def _run(verb: str, patches: PatchSet) -> tuple[int, str]:
@@ -39,12 +43,12 @@ def _run(verb: str, patches: PatchSet) -> tuple[int, str]:
         return code, f"SGLang {patches.version} in {patches.sglang_dir}: {status}"
     if verb == "check":
         if patches.status() == "applied":
-            return 0, f"check: already applied; revert would change {len(patches.check(forward=False))} files"
+            return 0, f"check: already applied; revert would change {_files(len(patches.check(forward=False)))}"
         return 0, "check: apply would change:\n  " + "\n  ".join(patches.check(forward=True))
     changed = patches.apply() if verb == "apply" else patches.revert()
     if not changed:
         return 0, f"{verb}: nothing to do (already {'applied' if verb == 'apply' else 'reverted'})"
-    return 0, f"{verb}: changed {len(changed)} files:\n  " + "\n  ".join(changed)
+    return 0, f"{verb}: changed {_files(len(changed))}:\n  " + "\n  ".join(changed)
 
 
 def main(argv: list[str] | None = None) -> int:
