@@ -43,7 +43,10 @@ def _run(verb: str, patches: PatchSet) -> tuple[int, str]:
         return code, f"SGLang {patches.version} in {patches.sglang_dir}: {status}"
     if verb == "check":
         if patches.status() == "applied":
-            return 0, f"check: already applied; revert would change {_files(len(patches.check(forward=False)))}"
+            return (
+                0,
+                f"check: already applied; revert would change {_files(len(patches.check(forward=False)))}",
+            )
         return 0, "check: apply would change:\n  " + "\n  ".join(patches.check(forward=True))
     changed = patches.apply() if verb == "apply" else patches.revert()
     if not changed:

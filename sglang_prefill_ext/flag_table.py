@@ -48,7 +48,9 @@ def plain() -> str:
 
 def markdown() -> str:
     """docs/FLAGS.md."""
-    refused = sorted({why for v in supported_versions() for why in for_version(v, "hooks").CONFLICTING_FLAGS.values()})
+    refused = sorted(
+        {why for v in supported_versions() for why in for_version(v, "hooks").CONFLICTING_FLAGS.values()}
+    )
     lines = [
         "# Flags",
         "",
@@ -65,7 +67,7 @@ def markdown() -> str:
         "server before any model loads with one line, `error: <why>`, and exit status 1. A flag that a "
         "supported SGLang version does not serve is refused there by name.",
         "",
-        "\"what it does\" is the flag's `--help` text; what each flag was measured to do is in "
+        '"what it does" is the flag\'s `--help` text; what each flag was measured to do is in '
         "[bench/RESULTS.md](../bench/RESULTS.md).",
         "",
         "| flag | default | SGLang | what it does |",
