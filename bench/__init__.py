@@ -7,5 +7,6 @@ ops/       the block-sparse operators on one GPU
 accuracy/  sparse vs dense predictions and answers of a real model
 lib/       what scripts of several groups use: the HTTP client, real text, the run/compare command
            line, percentiles
-gpu/       the GPU host's shell drivers; results/, models/, reference/: data
+gpu/       the GPU host's shell drivers and their recipe (gpu/README.md)
+results/   the runs' evidence, indexed by RESULTS.md; models/, baselines/: data
 """

@@ -1,5 +1,6 @@
 """`sglang-prefill-ext {apply,revert,check,status}`: manage the patches on an installed SGLang;
-`sglang-prefill-ext doctor LOG ...`: why prompts miss the prefix cache (`doctor/command.py`).
+`sglang-prefill-ext doctor LOG ...`: why prompts miss the prefix cache (`doctor/command.py`);
+`sglang-prefill-ext flags [--markdown]`: the `--prefill-ext-*` flags and their defaults (`flag_table.py`).
 
 By default the SGLang this Python imports, at its installed version. `revert --force-stock` puts
 back every file of SGLang that is not as its RECORD says (patched, changed by hand, missing) from
@@ -22,11 +23,15 @@ EXIT_ATTENTION = 1
 EXIT_REFUSED = 2
 
 
+def _files(n: int) -> str:
+    return f"{n} file" if n == 1 else f"{n} files"
+
+
 def _force_stock(patches: PatchSet, wheel: Path | None) -> str:
     used, changed = restore_stock(patches.sglang_dir, patches.version, wheel)
     if used is None:
         return "revert: nothing to do (every file is as SGLang's RECORD says)"
-    return f"revert: restored {len(changed)} files from {used}:\n  " + "\n  ".join(changed)
+    return f"revert: restored {_files(len(changed))} from {used}:\n  " + "\n  ".join(changed)
 
 
 def _run(verb: str, patches: PatchSet) -> tuple[int, str]:
@@ -38,12 +43,15 @@ def _run(verb: str, patches: PatchSet) -> tuple[int, str]:
         return code, f"SGLang {patches.version} in {patches.sglang_dir}: {status}"
     if verb == "check":
         if patches.status() == "applied":
-            return 0, f"check: already applied; revert would change {len(patches.check(forward=False))} files"
+            return (
+                0,
+                f"check: already applied; revert would change {_files(len(patches.check(forward=False)))}",
+            )
         return 0, "check: apply would change:\n  " + "\n  ".join(patches.check(forward=True))
     changed = patches.apply() if verb == "apply" else patches.revert()
     if not changed:
         return 0, f"{verb}: nothing to do (already {'applied' if verb == 'apply' else 'reverted'})"
-    return 0, f"{verb}: changed {len(changed)} files:\n  " + "\n  ".join(changed)
+    return 0, f"{verb}: changed {_files(len(changed))}:\n  " + "\n  ".join(changed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,10 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         from sglang_prefill_ext.doctor import command
 
         return command.main(argv[1:])
+    if argv[:1] == ["flags"]:
+        from sglang_prefill_ext import flag_table
+
+        return flag_table.main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="sglang-prefill-ext", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("verb", choices=["apply", "revert", "check", "status", "doctor"])
+    parser.add_argument("verb", choices=["apply", "revert", "check", "status", "doctor", "flags"])
     parser.add_argument(
         "--sglang-version",
         default=None,

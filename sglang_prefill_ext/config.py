@@ -20,7 +20,8 @@ from typing import Any
 from sglang_prefill_ext.doctor.fingerprint import MIN_BLOCK
 from sglang_prefill_ext.ops.settings import SparseSettings
 from sglang_prefill_ext.radix.eviction import POLICIES
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.goodput import HEADROOM
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 OPTIONS_DEST = "prefill_ext_options"
 ENABLE_DEST = "enable_prefill_ext"
@@ -176,9 +177,10 @@ class PrefillExtConfig:
         0.0,
         "Goodput scheduling (runner/goodput.py): decodes ride every prefill pass (SGLang's mixed chunk, "
         "turned on by this flag) and, while a request decodes or a short one waits beside a long prompt's "
-        "chunk, each pass is held to a predicted forward time (--prefill-ext-pass-cost) of 0.75 x this "
-        "target, so every decoding request gets a token about this often; waiting short requests go first "
-        "by deadline slack (--prefill-ext-short-ttft-target-ms), the chunked long prompt takes what is left; "
+        "chunk, each pass is held to a predicted forward time (--prefill-ext-pass-cost) of "
+        f"{HEADROOM:g} x this target, so every decoding request gets a token about this often; waiting "
+        "short requests go first by deadline slack (--prefill-ext-short-ttft-target-ms), the chunked long "
+        "prompt takes what is left; "
         "otherwise SGLang's full chunks (a lone prompt, or a burst of short ones with nobody decoding, runs "
         "as on stock). 0: off. Not with --prefill-ext-pass-budget-ms.",
         check=_non_negative,
@@ -295,7 +297,7 @@ def option_name(name: str) -> str:
 
 
 def _shown(value: Any) -> str:
-    """A default as `--help` writes it (and README's flag table must)."""
+    """A default as `--help` writes it (and docs/FLAGS.md)."""
     if value is None:
         return "unset"
     if isinstance(value, bool):
@@ -355,6 +357,11 @@ class Flag:
     @property
     def option(self) -> str:
         return option_name(self.name)
+
+    @property
+    def shown_default(self) -> str:
+        """The default as `--help` writes it."""
+        return _shown(self.default)
 
     def read(self, text: str) -> Any:
         """A command line's text as a value of the flag's kind (choices and ranges aside)."""
@@ -456,6 +463,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
             action=_StoreOption,
             flag=flag,
             default=argparse.SUPPRESS,
-            help=_with_default(flag.help, _shown(flag.default)),
+            help=_with_default(flag.help, flag.shown_default),
             **_cli_kwargs(flag),
         )

@@ -20,7 +20,7 @@ from sglang_prefill_ext.config import (
     add_cli_args,
 )
 from sglang_prefill_ext.ops.settings import SparseSettings
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 
 def parse(*argv: str) -> argparse.Namespace:

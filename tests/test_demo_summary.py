@@ -12,7 +12,7 @@ from bench.replay import demo_summary
 
 REPO = Path(__file__).resolve().parents[1]
 
-REPLAY = """command: python bench/schedule_replay.py --lpm-waiting 128
+REPLAY = """command: python -m bench.replay.schedule_replay --lpm-waiting 128
 
 | trace | mode | prefill tokens | ideal | tokens / ideal | passes | decisions/s | CPU ms / step |
 |---|---|---:|---:|---:|---:|---:|---:|

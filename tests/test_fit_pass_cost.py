@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.serving import fit_pass_cost as fpc
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 
 def _row(

@@ -12,7 +12,7 @@ from aiohttp import web
 from bench.lib.client import Client, Record
 from bench.lib.goodput import Targets, judge
 from bench.serving.report import render_goodput, summarize_workload
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 TARGETS = Targets()
 

@@ -36,7 +36,7 @@ def imported_modules(folder: Path) -> dict[str, set[str]]:
         ("ops", ("sglang_prefill_ext.ops",), {"sglang"}),
         (
             "doctor",
-            ("sglang_prefill_ext.doctor", "sglang_prefill_ext.runner", "sglang_prefill_ext.radix"),
+            ("sglang_prefill_ext.doctor", "sglang_prefill_ext.runner.pass_cost"),
             {"sglang", "torch"},
         ),
     ],

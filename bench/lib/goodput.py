@@ -1,10 +1,11 @@
 """Goodput (DistServe, OSDI 2024): requests per second that meet both a time-to-first-token target and
 a time-between-tokens target, and the per-request numbers it is judged on.
 
-Targets (issue 27's defaults, flags of bench/serving/ttft_bench.py):
-- a short request (at most `short_max_tokens` uncached tokens): TTFT <= `short_ttft_s`;
+Targets (issue 27's defaults, flags of bench/serving/ttft_bench.py; named, in the same units, as the
+server's `--prefill-ext-*` flags that schedule for them):
+- a short request (at most `short_max_tokens` uncached tokens): TTFT <= `short_ttft_target_ms`;
 - a long one: TTFT <= `long_factor` x the same prompt alone on stock (`alone_s`);
-- every request: its TBT p99 <= `tbt_p99_s` (a request with fewer than two output tokens has no gap).
+- every request: its TBT p99 <= `tbt_target_ms` (a request with fewer than two output tokens has no gap).
 
 "Alone on stock" is the cost model of stock's chunked prefill (`PassCost`, fitted to stock SGLang's
 single-prompt TTFTs on the H200: 1K 0.030 s, 8K 0.213 s, 32K 1.220 s, 100K 6.720 s), summed over the
@@ -22,15 +23,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.lib.stats import percentile
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.config import PrefillExtConfig
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 
 @dataclasses.dataclass(frozen=True)
 class Targets:
-    short_max_tokens: int = 4096
-    short_ttft_s: float = 0.25
+    short_max_tokens: int = PrefillExtConfig.short_max_tokens
+    short_ttft_target_ms: float = PrefillExtConfig.short_ttft_target_ms
     long_factor: float = 1.5
-    tbt_p99_s: float = 0.1
+    tbt_target_ms: float = 100.0  # the server's --prefill-ext-tbt-target-ms is off by default
     alone_cost: PassCost = PassCost()
     alone_chunk: int = 8192
 
@@ -51,7 +53,7 @@ class Targets:
 
     def ttft_target_s(self, uncached: int, cached: int) -> float:
         if self.is_short(uncached):
-            return self.short_ttft_s
+            return self.short_ttft_target_ms / 1e3
         return self.long_factor * self.alone_s(uncached, cached)
 
 
@@ -83,7 +85,7 @@ def judge(
     return Verdict(
         short=targets.is_short(uncached),
         ttft_met=ttft_s <= targets.ttft_target_s(uncached, cached_tokens),
-        tbt_met=p99 is None or p99 <= targets.tbt_p99_s,
+        tbt_met=p99 is None or p99 <= targets.tbt_target_ms / 1e3,
         ttft_over_alone=ttft_s / alone if alone > 0 else 1.0,
     )
 

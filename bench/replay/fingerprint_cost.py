@@ -21,7 +21,7 @@ import time
 
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.doctor.fingerprint import fingerprint
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 
 def main(argv: list[str] | None = None) -> int:

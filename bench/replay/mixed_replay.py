@@ -35,7 +35,8 @@ from typing import Any
 
 from bench.lib.goodput import Targets, judge, summarize_goodput
 from bench.replay import schedule_replay as sr
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext import harness
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 # One decode step of a few requests, 8B shape on the H200: stock's 114 tok/s per request (mixed workload).
 DECODE_MS = 8.8
@@ -234,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--window-s", type=float, nargs="+", default=[1.0], help="ext short windows")
     parser.add_argument("--stock-chunk", type=int, nargs="+", default=[8192, 2048], help="stock chunk sizes")
-    parser.add_argument("--pass-cost", default="5,22,890", help="FIXED_MS,TOKEN_US,PAIR_PS")
+    parser.add_argument("--pass-cost", default=str(PassCost()), help="FIXED_MS,TOKEN_US,PAIR_PS")
     parser.add_argument("--output", type=int, default=32, help="tokens each request generates")
     parser.add_argument("--decode-ms", type=float, default=DECODE_MS, help="one decode step")
     parser.add_argument(
         "--mixed-chunk", action="store_true", help="also each variant with --enable-mixed-chunk"
     )
     args = parser.parse_args(argv)
+    harness.require_patched()
     cost = PassCost.parse(args.pass_cost)
     arrivals = mixed(output=args.output)
     variants = [(f"stock, chunk {chunk}", False, chunk, ()) for chunk in args.stock_chunk]

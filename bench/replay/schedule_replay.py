@@ -823,6 +823,7 @@ def main(argv: list[str] | None = None) -> int:
         "each one's request log with fingerprints in DIR/<trace>.jsonl, and print what each fix saves",
     )
     args = parser.parse_args(argv)
+    harness.require_patched()
     if args.doctor_logs:
         args.doctor_logs.mkdir(parents=True, exist_ok=True)
         print(

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.lib.goodput import Targets
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 ALONE_WORKLOADS = ("baseline", "unique")
 

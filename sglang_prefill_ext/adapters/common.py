@@ -124,7 +124,7 @@ def validate_attention_backend(server_args: Any, backends: tuple[str, ...]) -> N
         return
     backend = prefill_attention_backend(server_args)
     if backend is not None and backend not in backends:
-        raise ValueError(
+        raise config.OptionError(
             f"--prefill-ext-sparse needs the {' or '.join(backends)} attention backend; this server's "
             f"prefill runs on {backend} (choose one with --attention-backend)"
         )

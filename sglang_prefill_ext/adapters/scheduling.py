@@ -81,7 +81,8 @@ def pass_budget(config: PrefillExtConfig, page_size: int) -> ShortFirst:
 
 
 class PrefillExtScheduler:
-    """The runner of one scheduler: the calls its patched `_get_new_batch_prefill_raw` makes."""
+    """The adapter of one SGLang scheduler: the calls its patched `_get_new_batch_prefill_raw` makes,
+    answered with its `PrefillRunner`'s decisions."""
 
     def __init__(
         self,

@@ -29,7 +29,7 @@ import heapq
 from collections.abc import Sequence
 
 from sglang_prefill_ext.doctor.log import Request
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 FILL_BLOCKS = 3
 PATTERNS = ("dynamic", "reordered", "changed_prefix", "evicted")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sglang_prefill_ext.doctor import plot, report
 from sglang_prefill_ext.doctor.log import LogError, read_log
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 
 def _pass_cost(text: str) -> PassCost:

@@ -7,7 +7,7 @@ from typing import Any
 
 from sglang_prefill_ext.doctor.analysis import PATTERNS, Verdict, diagnose, saved_ms
 from sglang_prefill_ext.doctor.log import Log, Request
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 
 LENGTH_BUCKETS = (1024, 4096, 16384, 65536)  # prompt-length bucket edges, tokens
 TIME_WINDOWS = 20

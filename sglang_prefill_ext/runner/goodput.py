@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from sglang_prefill_ext.runner.short_first import Need, PassCost, PassPlan, ShortFirst
+from sglang_prefill_ext.runner.pass_cost import PassCost
+from sglang_prefill_ext.runner.short_first import Need, PassPlan, ShortFirst
 
 # The pass budget as a fraction of the TBT target: on the H200 pass log of the short-first run the
 # measured / predicted pass time had p90 1.26 (bench/results/2026-12-01-h200-short-first.md), so a

@@ -29,6 +29,7 @@ REFUSED = {
     "bool": (ENABLE, "--prefill-ext-dedup", "maybe"),
     "SparseSettings range": (ENABLE, "--prefill-ext-sparse-block-size", "100"),
     "negative count": (ENABLE, "--prefill-ext-dedup-min-tokens", "-1"),
+    "sparse on a backend it cannot serve": (ENABLE, "--prefill-ext-sparse", "--attention-backend", "triton"),
 }
 
 

@@ -87,7 +87,7 @@ def test_options_not_ported_to_this_version_refused(
     ("option", "value", "parsed"),
     [("dedup", "false", False), ("schedule", "lpm-aging", "lpm-aging"), ("max_wait_passes", "4", 4)],
 )
-def test_scheduler_runner_options_served_on_every_version(
+def test_prefill_runner_options_served_on_every_version(
     sglang_harness: ModuleType, option: str, value: str, parsed: object
 ) -> None:
     flag = f"--prefill-ext-{option.replace('_', '-')}"

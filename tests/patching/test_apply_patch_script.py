@@ -60,3 +60,14 @@ def test_unknown_version_refused_and_nothing_written(tmp_path: Path, sglang_site
     assert result.stderr.count("\n") == 1 and "no patches for SGLang 0.4.0" in result.stderr
     assert all(v in result.stderr for v in supported_versions())
     assert tree_hashes(sglang_site) == before
+
+
+def test_python_without_sglang_is_named_with_the_knob_to_change_it(tmp_path: Path) -> None:
+    """A Python that imports no SGLang (`-S`: no site-packages) and no folder given: one line naming
+    `PYTHON=`, the way to pick another interpreter, and nothing run."""
+    python = bare_python(tmp_path)
+    result = script(python, "status")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"{python} imports no sglang package" in result.stderr
+    assert "PYTHON=/path/to/python" in result.stderr

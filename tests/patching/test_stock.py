@@ -140,7 +140,7 @@ def test_force_stock_finds_the_wheel_in_pip_s_cache(
     edit_by_hand(sglang_site)
     result = cli_in(env, "revert", "--force-stock", "--sglang-dir", str(sglang_site))
     assert result.returncode == 0, result.stderr
-    assert "restored 1 files from" in result.stdout and "http-v2" in result.stdout
+    assert "restored 1 file from" in result.stdout and "http-v2" in result.stdout
     assert tree_hashes(sglang_site) == before
 
 

@@ -1,4 +1,4 @@
-"""README's walk-through for one's own SGLang, with the package built as a wheel and installed
+"""docs/PATCHING.md's walk-through for one's own SGLang, with the package built as a wheel and installed
 non-editable (into a folder of its own, offline), applied to a pristine copy of the real SGLang."""
 
 from __future__ import annotations

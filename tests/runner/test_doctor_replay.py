@@ -19,8 +19,8 @@ import pytest
 from sglang_prefill_ext.doctor import report
 from sglang_prefill_ext.doctor.analysis import FILL_BLOCKS, diagnose
 from sglang_prefill_ext.doctor.log import read_log
+from sglang_prefill_ext.runner.pass_cost import PassCost
 from sglang_prefill_ext.runner.request_log import FingerprintedRecord, RequestRecord
-from sglang_prefill_ext.runner.short_first import PassCost
 
 BLOCK = 256
 

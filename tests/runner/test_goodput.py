@@ -10,7 +10,8 @@ import pytest
 
 from sglang_prefill_ext.config import OptionError, PrefillExtConfig
 from sglang_prefill_ext.runner.goodput import HEADROOM, Goodput
-from sglang_prefill_ext.runner.short_first import Need, PassCost, PassPlan
+from sglang_prefill_ext.runner.pass_cost import PassCost
+from sglang_prefill_ext.runner.short_first import Need, PassPlan
 from tests.runner.conftest import ported
 
 COST = PassCost()

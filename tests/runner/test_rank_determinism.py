@@ -41,7 +41,7 @@ SCENARIOS: dict[str, Scenario] = {
         {0: "chunked", 1: "waiting"},
     ),
     # Paged + overlap is left out: the replay's slot census sees 18 transiently unowned slots there,
-    # stock and ext alike (bench/schedule_replay.py, not the runner).
+    # stock and ext alike (the replay's census in bench/replay/schedule_replay.py, not the runner).
     "burst-lpm-aging-paged": (
         lambda r: r.burst(6, 1000, 37),
         {"schedule_policy": "lpm", "page_size": 16, "chunked_prefill_size": 384},

@@ -69,7 +69,7 @@ def validate_input_ids(manager: TokenizerManager, input_ids: list[int] | None) -
     """Under the flag, refuse token ids outside the vocabulary with a 400 before they reach the model.
 
     Stock 0.5.17 forwards them and its scheduler dies on the embedding lookup (measured on the H200:
-    `bench/results/2026-11-29-h200-ab-dense.md`); SGLang's own check, `_validate_input_ids_in_vocab`,
+    `bench/results/2026-11-29-h200-dense.md`, "Robustness"); SGLang's own check, `_validate_input_ids_in_vocab`,
     is never called there. Flag off: stock, unchanged."""
     if not input_ids or not extension_enabled(manager.server_args):
         return

@@ -1,9 +1,13 @@
 """SGLang 0.5.17's prefill scheduling, translated to the version-free `PrefillRunner`.
 
 The patched `Scheduler` holds one `PrefillExtScheduler` (`prefill_ext_scheduler`, None with the flag
-off; the patches import this module as `prefill_ext_scheduling`) and calls it at three points of `_get_new_batch_prefill_raw`:
+off; the patches import this module as `prefill_ext_scheduling`) and calls it at five points of
+`_get_new_batch_prefill_raw`:
 
 - `calc_priority(waiting_queue, running_batch)` in place of `SchedulePolicy.calc_priority`;
+- `chunk_budget(chunked_prefill_size, running_bs, chunked_req)`: the pass's chunk size;
+- `add_chunked_req(adder, chunked_req)` in place of `adder.add_chunked_req`: the continuing chunked
+  request, its chunk capped by a pass budget;
 - `defer(req, adder)` after `req.init_next_round_input`: True skips `req` this pass because its
   next uncached pages are in flight;
 - `admitted(adder)` once the queue loop ends: tracks the last admissions, publishes the counters.

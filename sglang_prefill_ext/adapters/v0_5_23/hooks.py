@@ -32,7 +32,7 @@ CONFLICTING_FLAGS = common.conflicting_flags(
 )
 
 
-# The tree's and the scheduler runner's options; the attention backend's (sparse) is
+# The tree's and the prefill runner's options; the attention backend's (sparse) is
 # hooked into 0.5.17 only so far and refused here by name.
 PORTED_OPTIONS = frozenset(
     {
