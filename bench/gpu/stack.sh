@@ -38,7 +38,11 @@ if [ "$INSTALL" != 0 ] && { [ -f "$JIT_TARBALL" ] || [ -d "$JIT/flashinfer-aot" 
     mkdir -p "$JIT" && tar -C "$JIT" -xzf "$JIT_TARBALL"
   fi
   if [ -f "$REPO/.gpu/triton-ops-cache.tgz" ]; then tar -C "$JIT" -xzf "$REPO/.gpu/triton-ops-cache.tgz"; fi
-  mkdir -p "$SGLANG_DIR/flashinfer/data/aot" && cp -r "$JIT/flashinfer-aot/." "$SGLANG_DIR/flashinfer/data/aot/"
+  # once per site: overwriting a .so a running server has mapped crashes it (SIGSEGV in the next call into it)
+  aot=$SGLANG_DIR/flashinfer/data/aot
+  if [ ! -f "$aot/.from-jit-cache" ]; then
+    mkdir -p "$aot" && cp -r "$JIT/flashinfer-aot/." "$aot/" && touch "$aot/.from-jit-cache"
+  fi
   export TVM_FFI_CACHE_DIR=$JIT/tvm-ffi TRITON_CACHE_DIR=$JIT/triton FLASHINFER_WORKSPACE_BASE=$JIT/fi
   if [ "${JIT_BUILD:-0}" = 1 ]; then
     unset FLASHINFER_DISABLE_JIT
