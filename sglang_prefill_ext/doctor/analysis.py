@@ -31,6 +31,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from sglang_prefill_ext.doctor import layout, threads, timeline
+from sglang_prefill_ext.doctor.fingerprint import WINDOW
 from sglang_prefill_ext.doctor.layout import Savings
 from sglang_prefill_ext.doctor.log import Request
 from sglang_prefill_ext.runner.short_first import PassCost
@@ -155,6 +156,7 @@ class _Log:
         self.requests = requests
         self.parent = threads.parents(requests)
         self.savings: Savings = layout.savings(requests, flushes, self.parent)
+        self.anchors = [frozenset(r.fp.anchors) for r in requests]  # type: ignore[union-attr]
         self.holders: dict[tuple[int, str], list[int]] = collections.defaultdict(list)
         for index, r in enumerate(requests):
             for i, h in enumerate(r.fp.blocks):  # type: ignore[union-attr]
@@ -205,12 +207,32 @@ def _diagnose(index: int, log: _Log, cache: _Cache) -> Verdict:
             moved.append((start, cache.grid_index[h] * block))
     half = block // 2
     mine: dict[str, int] = {}
+    # the last anchored block seen (offset, where its holders have it), and whether an anchor since
+    # starts content new to them (a window neither of them holds at that distance)
+    last: tuple[int, list[tuple[int, int]]] | None = None
+    new_since = False
     for offset, h in zip(fp.anchors, fp.anchored, strict=True):
         first_here = mine.setdefault(h, offset)
         at = cache.anchored.get(h)
-        if not at or offset + half <= hit_end:
+        if offset + half <= hit_end:
+            continue
+        if not at:
+            if last is None:
+                continue
+            if not new_since and any(
+                there + offset - last[0] in log.anchors[holder] for there, holder in last[1]
+            ):
+                seen.append((last[0], offset + WINDOW))  # its window still the content seen before it
+            else:
+                new_since = True
             continue
         seen.append((offset, offset + half))
+        if last is not None and (
+            not new_since or any(there + offset - last[0] in at for there, _ in last[1])
+        ):  # old content on both sides of the gap, nothing new in it: the gap is old content too
+            seen.append((last[0], offset))
+        last = (offset, [(there, holders[-1]) for there, holders in at.items()][:HOLDERS])
+        new_since = False
         if offset in at and shares_prefix(at[offset]):
             in_place.append((offset, offset + half))
         elif offset not in at and first_here == offset:  # a repeat within the prompt is not a move
@@ -237,7 +259,8 @@ def _diagnose(index: int, log: _Log, cache: _Cache) -> Verdict:
     if verdict.saved < block:
         verdict.pattern, verdict.saved, verdict.resumes_at, verdict.change = None, 0, None, None
     verdict.seen = _covered(seen, hit_end, request.input_len, block)
-    non_prefix = verdict.seen - verdict.saved
+    fixed = verdict.saved if verdict.pattern == "changed_prefix" else dynamic + reordered
+    non_prefix = verdict.seen - fixed  # what is left to reuse once the layout is fixed
     verdict.non_prefix = non_prefix if non_prefix >= block else 0
     return verdict
 

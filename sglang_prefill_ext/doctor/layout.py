@@ -47,10 +47,12 @@ class _Traffic:
         self.requests = requests
         self.parent = parent
         self.prompts = [units(index, r) for index, r in enumerate(requests)]
-        self.seam = requests[0].fp.block if requests else 0  # type: ignore[union-attr]
+        block = requests[0].fp.block if requests else 0  # type: ignore[union-attr]
+        self.seam = block
         held: dict[str, list[int]] = collections.defaultdict(list)
         self.after: dict[str, set[str]] = collections.defaultdict(set)
         self.first: dict[tuple[str, int], Key] = {}
+        self.shortest: dict[str, int] = {}
         for index, prompt in enumerate(self.prompts):
             copies: collections.Counter[str] = collections.Counter()
             previous = START
@@ -61,7 +63,11 @@ class _Traffic:
                 previous = u.name
                 copies[u.name] += 1  # a repeat within a prompt keeps its place after the copies before it
                 self.first.setdefault((u.name, copies[u.name]), (index, u.start))
-        self.holders = {name: len(held_by) for name, held_by in held.items()}
+        self.held = {name: frozenset(held_by) for name, held_by in held.items()}
+        for prompt in self.prompts:  # a unit cut short by a seam's own anchor does not count
+            for u, following in zip(prompt, prompt[1:], strict=False):
+                if not self.held[following.name] < self.held[u.name]:
+                    self.shortest[u.name] = min(u.length, self.shortest.get(u.name, u.length))
         self.shared = {
             name
             for name, held_by in held.items()
@@ -69,15 +75,20 @@ class _Traffic:
         }
 
     def valleys(self, prompt: list[Unit]) -> set[Unit]:
-        """The units held by fewer requests than the nearest differently held unit on both sides:
-        where two pieces of shared content meet."""
-        counts = [self.holders[u.name] for u in prompt]
-        left, right = [0] * len(counts), [0] * len(counts)
-        for i in range(1, len(counts)):
-            left[i] = counts[i - 1] if counts[i - 1] != counts[i] else left[i - 1]
-        for i in range(len(counts) - 2, -1, -1):
-            right[i] = counts[i + 1] if counts[i + 1] != counts[i] else right[i + 1]
-        return {prompt[i] for i, c in enumerate(counts) if c < left[i] and c < right[i]}
+        """The units where two pieces of shared content meet: held only by requests that hold the
+        nearest differently held unit on either side, and by fewer (their anchored block straddles)."""
+        held = [self.held[u.name] for u in prompt]
+        left: list[frozenset[int] | None] = [None] * len(held)
+        right: list[frozenset[int] | None] = [None] * len(held)
+        for i in range(1, len(held)):
+            left[i] = held[i - 1] if held[i - 1] != held[i] else left[i - 1]
+        for i in range(len(held) - 2, -1, -1):
+            right[i] = held[i + 1] if held[i + 1] != held[i] else right[i + 1]
+        return {
+            prompt[i]
+            for i, h in enumerate(held)
+            if left[i] is not None and right[i] is not None and h < left[i] and h < right[i]  # type: ignore[operator]
+        }
 
     def arranged(
         self,
@@ -88,26 +99,36 @@ class _Traffic:
     ) -> list[Unit]:
         """`part` of requests[index]'s prompt with the units `taken` moved to the end, where they are
         this request's own, and the rest (in `key` order when given); between two kept units the log
-        does not always show together, their seam."""
-        kept: list[tuple[Unit, int]] = []  # (unit, tokens taken out right before it)
+        does not always show together, their seam (its tokens taken from what moved: the part keeps
+        its length). A unit the log shows before different units
+        keeps the length it has everywhere (its shortest, before a unit held as widely or more):
+        the rest is the start of what followed it here, and goes to the seam after it."""
+        kept: list[tuple[Key, Unit, int, int]] = []  # (key, unit, tokens taken out before, carried after)
         gap, copies = 0, collections.Counter[str]()
         for u in part:
             copies[u.name] += 1
             if taken(u):
                 gap += u.length
                 continue
-            kept.append((u, gap, key(u, copies[u.name]) if key else (0, 0)))  # type: ignore[arg-type]
+            carried = (
+                max(0, u.length - self.shortest.get(u.name, u.length)) if len(self.after[u.name]) > 1 else 0
+            )
+            order = key(u, copies[u.name]) if key is not None else (0, 0)
+            kept.append((order, Unit(u.name, u.start, u.length - carried), gap, carried))
             gap = 0
         if key is not None:
-            kept.sort(key=lambda k: k[2])  # type: ignore[index]
+            kept.sort(key=lambda k: k[0])
         out: list[Unit] = []
-        previous = START
-        for u, before, _ in kept:  # type: ignore[misc]
-            if self.after.get(previous) != {u.name}:
-                out.append(Unit(f"j:{previous}>{u.name}", u.start, min(before, self.seam)))
+        previous, carry, drawn = START, 0, 0
+        for _, u, before, carried in kept:
+            if self.after[previous] != {u.name}:
+                seam = min(carry + before, self.seam)
+                drawn += max(0, seam - carry)  # what the seam takes from the content moved out
+                out.append(Unit(f"j:{previous}>{u.name}", u.start, seam))
             out.append(u)
-            previous = u.name
-        return out + [Unit(own(index, u.start), u.start, u.length) for u in part if taken(u)]
+            previous, carry = u.name, carried
+        rest = sum(u.length for u in part if taken(u)) - drawn  # the same tokens in all: this request's own
+        return [*out, Unit(own(index, part[-1].start), part[-1].start, rest)] if rest > 0 else out
 
     def rebuilt(self, arrange: Callable[[int, list[Unit]], list[Unit]]) -> list[list[Unit]]:
         """Each prompt with what it appends to its previous turn (all of it, for a first turn) laid out
@@ -154,6 +175,9 @@ def savings(requests: Sequence[Request], flushes: Sequence[float], parent: list[
     `parent`: `threads.parents`)."""
     traffic = _Traffic(requests, parent)
 
+    def as_logged(index: int, part: list[Unit]) -> list[Unit]:
+        return traffic.arranged(index, part, lambda u: False, None)
+
     def dynamic_last(index: int, part: list[Unit]) -> list[Unit]:
         return traffic.arranged(index, part, lambda u: u.name not in traffic.shared, None)
 
@@ -166,7 +190,18 @@ def savings(requests: Sequence[Request], flushes: Sequence[float], parent: list[
             lambda u, copy: traffic.first.get((u.name, copy), (index, u.start)),
         )
 
-    logged = _hits(requests, flushes, traffic.rebuilt(lambda index, part: part))
+    # content with no anchor of its own hides in the unit before it: where the server's cache stopped
+    # at a grid block no other request holds (content of this request's own), no hit beyond it counts
+    grid = collections.Counter((i, h) for r in requests for i, h in enumerate(r.fp.blocks))  # type: ignore[union-attr]
+
+    def own_from(r: Request) -> bool:
+        i = r.cached // traffic.seam
+        return i < len(r.fp.blocks) and grid[(i, r.fp.blocks[i])] == 1  # type: ignore[union-attr]
+
+    logged = [
+        min(hit, r.cached + traffic.seam) if own_from(r) else hit
+        for hit, r in zip(_hits(requests, flushes, traffic.rebuilt(as_logged)), requests, strict=True)
+    ]
     dynamic = _hits(requests, flushes, traffic.rebuilt(dynamic_last))
     stable = _hits(requests, flushes, traffic.rebuilt(stable_order))
     return Savings(
