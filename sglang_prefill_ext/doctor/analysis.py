@@ -259,9 +259,10 @@ def _diagnose(index: int, log: _Log, cache: _Cache) -> Verdict:
     if verdict.saved < block:
         verdict.pattern, verdict.saved, verdict.resumes_at, verdict.change = None, 0, None, None
     verdict.seen = _covered(seen, hit_end, request.input_len, block)
-    fixed = verdict.saved if verdict.pattern == "changed_prefix" else dynamic + reordered
+    fixed = verdict.saved if verdict.pattern == "changed_prefix" else max(0, dynamic + reordered)
     non_prefix = verdict.seen - fixed  # what is left to reuse once the layout is fixed
-    verdict.non_prefix = non_prefix if non_prefix >= block else 0
+    # beside a layout fix, a residue under three blocks is the re-run's error at the seams
+    verdict.non_prefix = non_prefix if non_prefix >= (3 if verdict.pattern else 1) * block else 0
     return verdict
 
 
