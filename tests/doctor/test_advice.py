@@ -5,8 +5,6 @@ that reaches it, within 5 %."""
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ from sglang_prefill_ext.doctor import report
 from sglang_prefill_ext.doctor.analysis import diagnose
 from sglang_prefill_ext.doctor.log import read_log
 from sglang_prefill_ext.runner.short_first import PassCost
-from tests.doctor.traffic import Prompt, prefill, seen_before, tokens, write_log
+from tests.doctor.traffic import Prompt, doctor, prefill, seen_before, tokens, write_log
 
 WITHIN = 0.05
 
@@ -164,22 +162,13 @@ def test_clean_traffic_gets_no_finding(tmp_path: Path) -> None:
     assert "findings: none" in report.text(result)
 
 
-def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_prefill_ext.cli", "doctor", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
 def test_a_cut_off_log_is_analysed_with_one_warning(tmp_path: Path) -> None:
     planted, _ = profiles(n=12)
     log = write_log(tmp_path / "profiles.jsonl", planted)
     lines = log.read_text().splitlines()
     lines.insert(5, lines[5][:40])  # a garbled line in the middle
     log.write_text("\n".join(lines)[:-300])  # the last line cut off mid-write
-    out = _doctor(str(log))
+    out = doctor(str(log))
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("\n") == 1 and "warning: skipped 2 malformed lines" in out.stderr
     assert f"{log} lines 6, 13" in out.stderr
@@ -192,7 +181,7 @@ def test_a_cut_off_log_is_analysed_with_one_warning(tmp_path: Path) -> None:
 def test_only_a_log_with_no_valid_request_line_is_refused(tmp_path: Path, content: str) -> None:
     log = tmp_path / "requests.jsonl"
     log.write_text(content)
-    out = _doctor(str(log))
+    out = doctor(str(log))
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("sglang-prefill-ext doctor: error: ")
 
@@ -201,7 +190,7 @@ def test_only_a_log_with_no_valid_request_line_is_refused(tmp_path: Path, conten
 def test_a_bad_command_line_is_one_error_line_and_exit_1(tmp_path: Path, args: list[str]) -> None:
     """Issue 38: argparse's usage and exit status 2 replaced by the one line the help promises."""
     log = write_log(tmp_path / "clean.jsonl", clean()[:2])
-    out = _doctor(*([str(log)] if args else []), *args)
+    out = doctor(*([str(log)] if args else []), *args)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("sglang-prefill-ext doctor: error: ")
     assert "usage" not in out.stderr

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -98,3 +100,13 @@ def write_log(path: Path, prompts: list[Prompt]) -> Path:
         lines.append(json.dumps(dataclasses.asdict(record), separators=(",", ":")))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+    """`sglang-prefill-ext doctor ARGS` as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_prefill_ext.cli", "doctor", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )

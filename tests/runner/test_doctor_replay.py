@@ -8,8 +8,6 @@ import dataclasses
 import itertools
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,6 +19,7 @@ from sglang_prefill_ext.doctor.analysis import diagnose
 from sglang_prefill_ext.doctor.log import read_log
 from sglang_prefill_ext.runner.request_log import FingerprintedRecord, RequestRecord
 from sglang_prefill_ext.runner.short_first import PassCost
+from tests.doctor.traffic import doctor
 
 BLOCK = 256
 
@@ -130,21 +129,12 @@ def test_without_the_flag_the_log_is_unchanged(
     assert [{k: v for k, v in r.items() if k not in timings} for r in plain] == untimed
 
 
-def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_prefill_ext.cli", "doctor", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
 def test_the_command_reads_several_logs_as_text_and_json(runs: dict[str, Any]) -> None:
     logs = [str(runs["timestamp-front"].log), str(runs["shared-doc"].log)]
-    out = _doctor(*logs)
+    out = doctor(*logs)
     assert out.returncode == 0, out.stderr
     assert "hit rate:" in out.stdout and "fix: move the part that changes" in out.stdout
-    result = json.loads(_doctor(*logs, "--json").stdout)
+    result = json.loads(doctor(*logs, "--json").stdout)
     assert result["logs"] == logs
     assert [(f["log"], f["pattern"]) for f in result["findings"]] == [(logs[0], "dynamic")]
 
@@ -152,7 +142,7 @@ def test_the_command_reads_several_logs_as_text_and_json(runs: dict[str, Any]) -
 def test_the_png_renders(runs: dict[str, Any], tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "doctor.png"
-    out = _doctor(str(runs["shuffled-docs"].log), "--png", str(png))
+    out = doctor(str(runs["shuffled-docs"].log), "--png", str(png))
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
@@ -171,7 +161,7 @@ def test_a_missing_or_unreadable_log_is_one_line_and_exit_1(
     log = tmp_path / "requests.jsonl"
     if content is not None:
         log.write_text(content)
-    out = _doctor(str(log))
+    out = doctor(str(log))
     assert out.returncode == 1
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("sglang-prefill-ext doctor: error: ")
