@@ -240,7 +240,7 @@ def _diagnose(index: int, log: _Log, cache: _Cache) -> Verdict:
     if moved:
         verdict.moved_to, verdict.moved_from = min(moved)
     dynamic, reordered = log.savings.dynamic[index], log.savings.reordered[index]
-    verdict.gains = {"dynamic": dynamic, "reordered": reordered}
+    verdict.gains = dict(zip(layout.FIXES, (dynamic, reordered), strict=True))
     change = (diverging, fp.blocks[diverging]) if diverging < len(fp.blocks) else None
     if dynamic >= block:
         verdict.pattern, verdict.saved = "dynamic", dynamic

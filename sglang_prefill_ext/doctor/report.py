@@ -6,6 +6,7 @@ import collections
 from pathlib import Path
 from typing import Any
 
+from sglang_prefill_ext.doctor import layout
 from sglang_prefill_ext.doctor.analysis import PATTERNS, Verdict, diagnose, saved_ms
 from sglang_prefill_ext.doctor.log import Log, Request
 from sglang_prefill_ext.runner.short_first import PassCost
@@ -101,7 +102,7 @@ def _net(kind: str, log: list[Verdict]) -> int:
     """What the fix of `kind` changes over the whole log: its requests' savings, and for a re-run fix
     (`layout.FIXES`) its gains and losses on the requests no pattern claims."""
     total = sum(_tokens(kind, v) for v in log)
-    if kind in ("dynamic", "reordered"):
+    if kind in layout.FIXES:
         total += sum(v.gains[kind] for v in log if v.pattern is None)
     return total
 
