@@ -1,38 +1,43 @@
 """What the doctor finds in one server's requests (one log: one cache).
 
-Requests are replayed in the order their prefill started; a request's prompt counts as in the cache
-for the requests that start after its prefill ended. For each request:
+Requests are replayed in the order their prefill started (`timeline`). For each request:
 
 - `reusable`: how far its grid blocks match a prompt already in the cache (the longest cached prefix
   an unbounded cache would give it); `hit_end`: that or its own `cached_tokens`, whichever is longer;
-- a miss of the reusable prefix (`cached_tokens` short of it by a block or more) was an eviction, with
-  the LRU stack distance of the prefix (distinct block tokens used since it was last used): the pool
-  that would have kept it;
-- `recoverable`: the tokens after `hit_end` whose content is in the cache all the same, found by grid
-  blocks at the same index and anchored blocks at any offset, gaps up to `FILL_BLOCKS` blocks between
-  them counted too (a block that straddles the edge of shared content never matches). They would hit
-  if the prompt kept its shared content in front, in one order. The cause:
-  - content found moved by a block or more: the same documents in another order (`reordered`);
-  - else, content resumes at its position after the divergence: when the diverging block recurs in
-    another request, a shared prefix that changed (`changed_prefix`), else content that differs in
-    every request (`dynamic`).
+- a miss of the reusable prefix (`cached_tokens` short of it by a block or more) was an eviction
+  (`evicted`), with the LRU stack distance of the prefix (distinct block tokens used since it was last
+  used): the pool that would have kept it;
+- `seen`: the tokens after `hit_end` whose content is in the cache all the same, at any position (grid
+  blocks at any index, anchored blocks at any offset, gaps under a block between them counted: the
+  edges of shared content). What of it a layout fix recovers is counted by re-running the log's traffic
+  with the fix (`layout`); the cause, the first that applies:
+  - moving what differs per request to the end saves a block or more (`dynamic`): a timestamp, a
+    profile, whatever its length and however far it shifts the content after it;
+  - the diverging block recurs in a request outside this conversation and content resumes at its
+    position in a cached prompt sharing the prefix (`changed_prefix`, a one-time cost: an edit); the
+    saving counts the content from where it resumes, not the changed block;
+  - one stable order of the shared content saves a block or more (`reordered`);
+- `non_prefix`: of `seen`, what no layout fix recovers (chunks seen in other combinations, or behind
+  a conversation's own history): recoverable by reusing chunks at any position only.
 
-All of it is at block granularity and assumes the cache kept what an LRU of that size would: an
-estimate, which the tests hold within 5 % of the CPU replay's own counts on planted traces.
+All of it is at block granularity: an estimate, which the tests hold within 5 % of exact re-runs of
+synthesized traffic and of the CPU replay's own counts on planted traces.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import heapq
 from collections.abc import Sequence
 
+from sglang_prefill_ext.doctor import layout, threads, timeline
+from sglang_prefill_ext.doctor.fingerprint import WINDOW
+from sglang_prefill_ext.doctor.layout import Savings
 from sglang_prefill_ext.doctor.log import Request
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
-FILL_BLOCKS = 3
-PATTERNS = ("dynamic", "reordered", "changed_prefix", "evicted")
+PATTERNS = ("dynamic", "changed_prefix", "reordered", "evicted")
+HOLDERS = 16  # the latest cached prompts remembered per block: enough to find one sharing the prefix
 
 
 @dataclasses.dataclass
@@ -44,12 +49,15 @@ class Verdict:
     cached: int
     reusable: int
     hit_end: int
-    recoverable: int = 0
     pattern: str | None = None
-    moved_from: int | None = None  # reordered: an offset its content was found at in an earlier prompt
+    saved: int = 0  # the tokens the pattern's fix recovers
+    seen: int = 0  # after hit_end, in the cache at any position
+    gains: dict[str, int] = dataclasses.field(default_factory=dict)  # layout.FIXES: what each re-run adds
+    non_prefix: int = 0  # seen before, recoverable by no layout fix
+    moved_from: int | None = None  # an offset content after the divergence was found at in an earlier prompt
     moved_to: int | None = None  # ... and where it sits in this one
     resumes_at: int | None = None  # dynamic / changed prefix: where the shared content resumes
-    evicted: int = 0
+    change: tuple[int, str] | None = None  # changed prefix: the diverging grid block (index, hash)
     keep_pool: int = 0  # evicted: the LRU pool (tokens) that would have kept its prefix
 
 
@@ -88,16 +96,16 @@ class _Node:
 
 
 class _Cache:
-    """The prompts whose prefill ended: their grid blocks as a trie (with LRU use times), and where
-    each grid and anchored block was seen."""
+    """The prompts whose prefill ended: their grid blocks as a trie (with LRU use times), and which
+    prompts hold each grid block (at its index) and anchored block (at its offset)."""
 
     def __init__(self, requests: int, block: int) -> None:
         self.block = block
         self.root = _Node()
         self.lru = _Lru(requests)
-        self.at_index: set[tuple[int, str]] = set()
+        self.at_index: dict[tuple[int, str], collections.deque[int]] = {}
         self.grid_index: dict[str, int] = {}
-        self.anchored: dict[str, int] = {}
+        self.anchored: dict[str, dict[int, collections.deque[int]]] = {}
         self.time = 0  # inserts so far: the LRU's clock
 
     def prefix(self, blocks: list[str]) -> tuple[int, _Node]:
@@ -109,8 +117,9 @@ class _Cache:
             node, depth = child, depth + 1
         return depth, node
 
-    def insert(self, request: Request) -> None:
+    def insert(self, index: int, request: Request) -> None:
         fp = request.fp
+        assert fp is not None
         time, node = self.time, self.root
         self.time += 1
         for i, h in enumerate(fp.blocks):
@@ -119,10 +128,11 @@ class _Cache:
                 self.lru.add(node.used, -self.block)
             node.used = time
             self.lru.add(time, self.block)
-            self.at_index.add((i, h))
+            self.at_index.setdefault((i, h), collections.deque(maxlen=HOLDERS)).append(index)
             self.grid_index.setdefault(h, i)
         for offset, h in zip(fp.anchors, fp.anchored, strict=True):
-            self.anchored.setdefault(h, offset)
+            at = self.anchored.setdefault(h, {})
+            at.setdefault(offset, collections.deque(maxlen=HOLDERS)).append(index)
 
 
 def _covered(spans: list[tuple[int, int]], start: int, end: int, gap: int) -> int:
@@ -139,47 +149,120 @@ def _covered(spans: list[tuple[int, int]], start: int, end: int, gap: int) -> in
     return total
 
 
-def _diagnose(request: Request, cache: _Cache, recurring: collections.Counter) -> Verdict:
+class _Log:
+    """One log's requests, how they extend one another and what each layout fix saves them."""
+
+    def __init__(self, requests: list[Request], flushes: Sequence[float]) -> None:
+        self.requests = requests
+        self.parent = threads.parents(requests)
+        self.savings: Savings = layout.savings(requests, flushes, self.parent)
+        self.anchors = [frozenset(r.fp.anchors) for r in requests]  # type: ignore[union-attr]
+        self.holders: dict[tuple[int, str], list[int]] = collections.defaultdict(list)
+        for index, r in enumerate(requests):
+            for i, h in enumerate(r.fp.blocks):  # type: ignore[union-attr]
+                self.holders[(i, h)].append(index)
+
+    def recurs_elsewhere(self, index: int, block: tuple[int, str]) -> bool:
+        """Whether a request outside requests[index]'s conversation holds this grid block at its index."""
+        return any(
+            other != index and not threads.related(self.parent, index, other) for other in self.holders[block]
+        )
+
+
+def _diagnose(index: int, log: _Log, cache: _Cache) -> Verdict:
+    request = log.requests[index]
     fp = request.fp
+    assert fp is not None
     block = fp.block
     depth, node = cache.prefix(fp.blocks)
     reusable = min(depth * block, request.input_len)
     verdict = Verdict(request.rid, request.input_len, request.cached, reusable, max(reusable, request.cached))
     if reusable - request.cached >= block:
-        verdict.pattern, verdict.evicted = "evicted", reusable - request.cached
+        verdict.pattern, verdict.saved = "evicted", reusable - request.cached
         verdict.keep_pool = cache.lru.since(node.used)
         return verdict
     hit_end = verdict.hit_end
-    spans, moved = [], None
+    diverging = hit_end // block
+    sharing: dict[int, bool] = {}
+
+    def shares_prefix(holders: collections.deque[int]) -> bool:
+        for other in holders:
+            if other not in sharing:
+                sharing[other] = log.requests[other].fp.blocks[:diverging] == fp.blocks[:diverging]  # type: ignore[union-attr]
+            if sharing[other]:
+                return True
+        return False
+
+    seen, in_place, moved = [], [], []  # spans: in the cache anywhere, at their offset, elsewhere only
     for i, h in enumerate(fp.blocks):
         start = i * block
         if start + block <= hit_end:
             continue
-        if (i, h) in cache.at_index:
-            spans.append((start, start + block))
-        elif h in cache.grid_index:
-            spans.append((start, start + block))
-            moved = moved or (cache.grid_index[h] * block, start)
+        holders = cache.at_index.get((i, h))
+        if holders or h in cache.grid_index:
+            seen.append((start, start + block))
+        if holders and shares_prefix(holders):
+            in_place.append((start, start + block))
+        elif not holders and h in cache.grid_index:
+            moved.append((start, cache.grid_index[h] * block))
     half = block // 2
+    mine: dict[str, int] = {}
+    # the last anchored block seen (offset, where its holders have it), and whether an anchor since
+    # starts content new to them (a window neither of them holds at that distance)
+    last: tuple[int, list[tuple[int, int]]] | None = None
+    new_since = False
     for offset, h in zip(fp.anchors, fp.anchored, strict=True):
-        seen = cache.anchored.get(h)
-        if seen is None or offset + half <= hit_end:
+        first_here = mine.setdefault(h, offset)
+        at = cache.anchored.get(h)
+        if offset + half <= hit_end:
             continue
-        spans.append((offset, offset + half))
-        if abs(seen - offset) >= block:
-            moved = moved or (seen, offset)
-    recoverable = _covered(spans, hit_end, request.input_len, FILL_BLOCKS * block)
-    if recoverable < block:
-        return verdict
-    verdict.recoverable = recoverable
-    if moved is not None:
-        verdict.pattern = "reordered"
-        verdict.moved_from, verdict.moved_to = moved
-        return verdict
-    verdict.resumes_at = min(lo for lo, hi in spans if hi > hit_end)
-    diverging = hit_end // block
-    recurs = diverging < len(fp.blocks) and recurring[(diverging, fp.blocks[diverging])] > 1
-    verdict.pattern = "changed_prefix" if recurs else "dynamic"
+        if not at:
+            if last is None:
+                continue
+            if not new_since and any(
+                there + offset - last[0] in log.anchors[holder] for there, holder in last[1]
+            ):
+                seen.append((last[0], offset + WINDOW))  # its window still the content seen before it
+            else:
+                new_since = True
+            continue
+        seen.append((offset, offset + half))
+        if last is not None and (
+            not new_since or any(there + offset - last[0] in at for there, _ in last[1])
+        ):  # old content on both sides of the gap, nothing new in it: the gap is old content too
+            seen.append((last[0], offset))
+        last = (offset, [(there, holders[-1]) for there, holders in at.items()][:HOLDERS])
+        new_since = False
+        if offset in at and shares_prefix(at[offset]):
+            in_place.append((offset, offset + half))
+        elif offset not in at and first_here == offset:  # a repeat within the prompt is not a move
+            moved.append((offset, min(at)))
+    if moved:
+        verdict.moved_to, verdict.moved_from = min(moved)
+    dynamic, reordered = log.savings.dynamic[index], log.savings.reordered[index]
+    verdict.gains = dict(zip(layout.FIXES, (dynamic, reordered), strict=True))
+    change = (diverging, fp.blocks[diverging]) if diverging < len(fp.blocks) else None
+    if dynamic >= block:
+        verdict.pattern, verdict.saved = "dynamic", dynamic
+        verdict.resumes_at = min((lo for lo, hi in seen if hi > hit_end), default=None)
+    elif (
+        in_place
+        and min(lo for lo, _ in in_place) <= min((to for to, _ in moved), default=request.input_len)
+        and change is not None
+        and log.recurs_elsewhere(index, change)
+    ):  # new content, then what the prompt it changed holds, at its offset
+        verdict.resumes_at = min(lo for lo, _ in in_place)
+        verdict.saved = _covered(in_place, verdict.resumes_at, request.input_len, block)
+        verdict.pattern, verdict.change = "changed_prefix", change
+    if verdict.saved < block and reordered >= block:
+        verdict.pattern, verdict.saved = "reordered", reordered
+    if verdict.saved < block:
+        verdict.pattern, verdict.saved, verdict.resumes_at, verdict.change = None, 0, None, None
+    verdict.seen = _covered(seen, hit_end, request.input_len, block)
+    fixed = verdict.saved if verdict.pattern == "changed_prefix" else max(0, dynamic + reordered)
+    non_prefix = verdict.seen - fixed  # what is left to reuse once the layout is fixed
+    # beside a layout fix, a residue under three blocks is the re-run's error at the seams
+    verdict.non_prefix = non_prefix if non_prefix >= (3 if verdict.pattern else 1) * block else 0
     return verdict
 
 
@@ -192,22 +275,16 @@ def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Ver
     block = requests[0].fp.block
     if any(r.fp.block != block for r in requests):
         raise ValueError("the log mixes fingerprint block sizes")
-    recurring = collections.Counter((i, h) for r in requests for i, h in enumerate(r.fp.blocks))
+    log = _Log(requests, flushes)
     cache = _Cache(len(requests), block)
-    pending: list[tuple[float, int]] = []  # (prefill end, index): prompts not in the cache yet
-    flushes = list(flushes)
     verdicts = []
-    for now, request in enumerate(requests):
-        while flushes and flushes[0] <= request.fp.start_ms:
-            flush = flushes.pop(0)
-            pending = [(end, index) for end, index in pending if end > flush]  # SGLang flushes when idle
-            heapq.heapify(pending)
+    for event, index in timeline.events(requests, flushes):
+        if event == "flush":
             cache = _Cache(len(requests), block)
-        while pending and pending[0][0] <= request.fp.start_ms:
-            _, index = heapq.heappop(pending)
-            cache.insert(requests[index])
-        verdicts.append(_diagnose(request, cache, recurring))
-        heapq.heappush(pending, (request.fp.end_ms, now))
+        elif event == "cache":
+            cache.insert(index, requests[index])
+        else:
+            verdicts.append(_diagnose(index, log, cache))
     return verdicts
 
 

@@ -1,5 +1,7 @@
 """Reading `--prefill-ext-log` files for the doctor: one `Request` per finished request line, and the
-times the server's cache was flushed (`runner.request_log.FlushRecord` lines)."""
+times the server's cache was flushed (`runner.request_log.FlushRecord` lines). A line that is not a
+record (cut off when the server was killed mid-write, or garbled) is skipped and counted; only a file
+with no valid line is refused."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 
 
 class LogError(ValueError):
-    """A log the doctor cannot read: missing, or a line that is not a request record."""
+    """A log the doctor cannot read: missing, or without one valid line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Log:
     requests: list[Request]  # in the order their prefill started
     aborted: int  # aborted requests, left out
     flushes: list[float]  # when the cache was emptied, on the clock of `Fingerprinted.start_ms`
+    skipped: list[int]  # numbers of the lines that are not records, left out
 
 
 def _request(record: dict) -> Request | None:
@@ -60,12 +63,14 @@ def _request(record: dict) -> Request | None:
 
 def read_log(path: Path) -> Log:
     """One log: its finished requests in the order their prefill started (the file's order when a
-    line has no start time), how many aborted ones were left out, and its flushes."""
+    line has no start time), how many aborted ones were left out, its flushes, and the lines skipped
+    as malformed. LogError when it cannot be read or holds no valid line."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError as error:
         raise LogError(f"{path}: {error.strerror or error}") from None
-    requests, aborted, flushes = [], 0, []
+    requests, aborted, flushes, skipped = [], 0, [], []
+    first_error = ""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -76,11 +81,16 @@ def read_log(path: Path) -> Log:
                 continue
             request = _request(record)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise LogError(f"{path}:{number}: not a --prefill-ext-log request line ({error})") from None
+            skipped.append(number)
+            first_error = first_error or f"line {number}: {error}"
+            continue
         if request is None:
             aborted += 1
         else:
             requests.append(request)
+    if not requests and not aborted:
+        reason = f"no valid line of {len(skipped)} ({first_error})" if skipped else "no request lines"
+        raise LogError(f"{path}: not a --prefill-ext-log: {reason}")
     if all(r.fp is not None and r.fp.start_ms >= 0 for r in requests):
         requests.sort(key=lambda r: r.fp.start_ms)  # type: ignore[union-attr]
-    return Log(path, requests, aborted, sorted(flushes))
+    return Log(path, requests, aborted, sorted(flushes), skipped)

@@ -15,11 +15,14 @@ def render(report: dict[str, Any], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (over_time, divergence, fixes) = plt.subplots(1, 3, figsize=(15, 4.2))
-    rates = [100 * r if r is not None else float("nan") for r in report["hit_rate_over_time"]]
-    over_time.plot(range(1, len(rates) + 1), rates, marker="o")
+    for log, windows in report["hit_rate_over_time"].items():  # one line per log: each its own cache
+        rates = [100 * r if r is not None else float("nan") for r in windows]
+        over_time.plot(range(1, len(rates) + 1), rates, marker="o", label=Path(log).name)
+    if len(report["hit_rate_over_time"]) > 1:
+        over_time.legend(fontsize="small")
     over_time.set(
         title=f"hit rate over time (overall {100 * (report['hit_rate'] or 0):.1f} %)",
-        xlabel=f"window of requests, in start order ({len(rates)} windows)",
+        xlabel="window of each log's requests, in start order",
         ylabel="cached / prompt tokens (%)",
         ylim=(-2, 102),
     )
@@ -30,7 +33,10 @@ def render(report: dict[str, Any], png: Path) -> None:
         title="where prompts stop sharing", xlabel="divergence offset (K tokens)", ylabel="requests"
     )
     findings = report["findings"]
-    names = [f["pattern"].replace("_", " ") for f in findings]
+    several = len(report["logs"]) > 1
+    names = [
+        f["pattern"].replace("_", " ") + (f"\n{Path(f['log']).name}" if several else "") for f in findings
+    ]
     tokens = [f["tokens"] / 1e3 for f in findings]
     bars = fixes.barh(names or ["no finding"], tokens or [0], color="tab:green")
     for bar, f in zip(bars, findings, strict=False):
@@ -42,9 +48,9 @@ def render(report: dict[str, Any], png: Path) -> None:
     fixes.set(title="prefill tokens each fix would save", xlabel="K tokens")
     fixes.margins(x=0.45)
     fixes.invert_yaxis()
-    fig.suptitle(
-        f"cache doctor: {report['requests']:,} requests from {', '.join(Path(p).name for p in report['logs'])}"
-    )
+    logs = report["logs"]
+    source = Path(logs[0]).name if len(logs) == 1 else f"{len(logs)} logs"  # a title that fits
+    fig.suptitle(f"cache doctor: {report['requests']:,} requests from {source}")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)

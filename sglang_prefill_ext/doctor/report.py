@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 from typing import Any
 
+from sglang_prefill_ext.doctor import layout
 from sglang_prefill_ext.doctor.analysis import PATTERNS, Verdict, diagnose, saved_ms
 from sglang_prefill_ext.doctor.log import Log, Request
 from sglang_prefill_ext.runner.pass_cost import PassCost
@@ -14,19 +16,26 @@ TIME_WINDOWS = 20
 MAP_ROWS = 5
 SHARES_MOST = 0.5  # the divergence map's prompts: those sharing at least this fraction of their tokens
 
+NON_PREFIX = "non_prefix"
+KINDS = (*PATTERNS, NON_PREFIX)  # the findings' kinds
 WHAT = {
-    "dynamic": "content that differs in every request near the front (a timestamp, request id, user name), "
+    "dynamic": "content that differs in every request near the front (a timestamp, request id, user profile), "
     "before content the cache holds",
-    "reordered": "the same content at other positions (retrieved documents in another order)",
-    "changed_prefix": "a shared prefix that changed (a system prompt edited), the rest of it unchanged",
+    "reordered": "the same documents in other orders (retrieved documents in no fixed order)",
+    "changed_prefix": "a shared prefix that changed (a system prompt or document edited), the rest of it unchanged",
     "evicted": "prefixes evicted before they were reused",
+    NON_PREFIX: "chunks seen before at other positions or in other combinations, not recoverable by layout",
 }
 FIX = {
     "dynamic": "move the part that changes after the shared content (the end of the prompt)",
-    "reordered": "keep shared documents in one stable order, in front of what differs",
+    "reordered": "keep shared documents in one stable order (the order first seen), in front of what differs",
     "changed_prefix": "keep the part that changes after the shared prefix",
     "evicted": "a larger KV pool (--mem-fraction-static), or fewer prompts in flight",
+    NON_PREFIX: "recoverable by reusing chunks at any position (a CacheBlend-style cache); no layout "
+    "change and no flag of this project recovers them",
 }
+# Whether the cost comes back with every request that has the pattern, or was paid once per change.
+ONE_TIME = {"changed_prefix"}
 
 
 def _bucket(length: int) -> str:
@@ -67,9 +76,7 @@ def _over_time(requests: list[Request]) -> list[float | None]:
 def _divergence(verdicts: list[Verdict], block: int) -> dict[str, Any]:
     """Where prompts sharing most of their tokens with the cache stop sharing (the block it falls in)."""
     sharing = [
-        v
-        for v in verdicts
-        if v.hit_end + v.recoverable >= SHARES_MOST * v.input_len and v.hit_end < v.input_len
+        v for v in verdicts if v.hit_end + v.seen >= SHARES_MOST * v.input_len and v.hit_end < v.input_len
     ]
     at = collections.Counter(v.hit_end // block * block for v in sharing)
     example = {v.hit_end // block * block: v for v in reversed(sharing)}
@@ -87,44 +94,74 @@ def _divergence(verdicts: list[Verdict], block: int) -> dict[str, Any]:
     }
 
 
-def _finding(pattern: str, verdicts: list[Verdict], cost: PassCost) -> dict[str, Any]:
-    tokens = [v.evicted if pattern == "evicted" else v.recoverable for v in verdicts]
-    example = max(verdicts, key=lambda v: v.evicted + v.recoverable)
+def _tokens(kind: str, v: Verdict) -> int:
+    return v.non_prefix if kind == NON_PREFIX else v.saved if v.pattern == kind else 0
+
+
+def _net(kind: str, log: list[Verdict]) -> int:
+    """What the fix of `kind` changes over the whole log: its requests' savings, and for a re-run fix
+    (`layout.FIXES`) its gains and losses on the requests no pattern claims."""
+    total = sum(_tokens(kind, v) for v in log)
+    if kind in layout.FIXES:
+        total += sum(v.gains[kind] for v in log if v.pattern is None)
+    return total
+
+
+def _finding(kind: str, log: Path, verdicts: list[Verdict], cost: PassCost) -> dict[str, Any]:
+    having = [v for v in verdicts if _tokens(kind, v) > 0]
+    tokens = _net(kind, verdicts)
+    gross = sum(_tokens(kind, v) for v in having)
+    gpu_ms = sum(saved_ms(v, _tokens(kind, v), cost) for v in having) * tokens / gross
+    example = max(having, key=lambda v: _tokens(kind, v))
     finding: dict[str, Any] = {
-        "pattern": pattern,
-        "what": WHAT[pattern],
-        "fix": FIX[pattern],
-        "requests": len(verdicts),
-        "tokens": sum(tokens),
-        "gpu_s": round(sum(saved_ms(v, t, cost) for v, t in zip(verdicts, tokens, strict=True)) / 1e3, 3),
+        "log": str(log),
+        "pattern": kind,
+        "what": WHAT[kind],
+        "fix": FIX[kind],
+        "requests": len(having),
+        "of_requests": len(verdicts),
+        "tokens": tokens,
+        "gpu_s": round(gpu_ms / 1e3, 3),
         "example": {"rid": example.rid, "diverges_at": example.hit_end},
     }
-    if pattern == "reordered":
-        finding["example"].update(found_at=example.moved_to, earlier_at=example.moved_from)
-    elif pattern in ("dynamic", "changed_prefix"):
-        finding["example"]["shared_again_from"] = example.resumes_at
+    if kind in ONE_TIME:
+        finding["cost"] = "one-time"
+        finding["changes"] = len({v.change for v in having})
     else:
-        pools = sorted(v.keep_pool for v in verdicts)
+        finding["cost"] = "recurring"
+    if kind in ("reordered", NON_PREFIX) and example.moved_from is not None:
+        finding["example"].update(found_at=example.moved_to, earlier_at=example.moved_from)
+    elif kind in ("dynamic", "changed_prefix") and example.resumes_at is not None:
+        finding["example"]["shared_again_from"] = example.resumes_at
+    elif kind == "evicted":
+        pools = sorted(v.keep_pool for v in having)
         finding["keep_pool_tokens"] = {"all": pools[-1], "p50": pools[len(pools) // 2]}
     return finding
 
 
+def _findings(log: Log, verdicts: list[Verdict], cost: PassCost) -> list[dict[str, Any]]:
+    block = log.requests[0].fp.block if verdicts else 0  # type: ignore[union-attr]
+    return [
+        _finding(kind, log.path, verdicts, cost)
+        for kind in KINDS
+        if any(_tokens(kind, v) > 0 for v in verdicts) and _net(kind, verdicts) >= block
+    ]
+
+
 def build(logs: list[Log], cost: PassCost) -> dict[str, Any]:
-    """The report over every log given (each one server's cache)."""
+    """The report over every log given (each one server's cache); each finding names its log."""
     requests = [r for log in logs for r in log.requests]
-    verdicts = [v for log in logs for v in diagnose(log.requests, log.flushes)]
+    by_log = [diagnose(log.requests, log.flushes) for log in logs]
+    verdicts = [v for log in by_log for v in log]
     blocks = {r.fp.block for r in requests if r.fp is not None}
     block = min(blocks) if blocks else 0
     prompt_tokens = sum(r.input_len for r in requests)
-    by_pattern = collections.defaultdict(list)
-    for v in verdicts:
-        if v.pattern is not None:
-            by_pattern[v.pattern].append(v)
-    findings = [_finding(p, by_pattern[p], cost) for p in PATTERNS if by_pattern[p]]
+    findings = [f for log, found in zip(logs, by_log, strict=True) for f in _findings(log, found, cost)]
     return {
         "logs": [str(log.path) for log in logs],
         "requests": len(requests),
         "aborted": sum(log.aborted for log in logs),
+        "skipped_lines": {str(log.path): log.skipped for log in logs if log.skipped},
         "flushes": sum(len(log.flushes) for log in logs),
         "fingerprinted": len(verdicts),
         "fingerprint_block": block or None,
@@ -133,7 +170,7 @@ def build(logs: list[Log], cost: PassCost) -> dict[str, Any]:
         "cached_tokens": sum(r.cached for r in requests),
         "hit_rate": _rate(sum(r.cached for r in requests), prompt_tokens),
         "by_length": _by_length(requests),
-        "hit_rate_over_time": _over_time(requests),
+        "hit_rate_over_time": {str(log.path): _over_time(log.requests) for log in logs},
         "divergence": _divergence(verdicts, block) if verdicts else {"positions": [], "top": []},
         "findings": sorted(findings, key=lambda f: -f["tokens"]),
     }
@@ -177,13 +214,21 @@ def text(report: dict[str, Any]) -> str:
             f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in f["example"].items()
         )
         lines.append(
-            f"  {n}. {f['what']}: {f['requests']} requests, {f['tokens']:,} prefill tokens recomputed"
+            f"  {n}. {f['log']}: {f['what']}: {f['requests']} of {f['of_requests']} requests,"
+            f" {f['tokens']:,} prefill tokens recomputed"
         )
         lines.append(f"     e.g. {example}")
+        if f["cost"] == "one-time":
+            lines.append(
+                f"     one-time: paid once after each change ({f['changes']} seen), not by every request"
+            )
+        else:
+            lines.append("     recurring: paid again by every request laid out this way")
         if "keep_pool_tokens" in f:
             pools = f["keep_pool_tokens"]
             lines.append(
                 f"     a KV pool of {pools['all']:,} tokens would have kept all of them ({pools['p50']:,}: half), an LRU estimate"
             )
-        lines.append(f"     fix: {f['fix']}: saves {f['tokens']:,} prefill tokens, ~{f['gpu_s']:.2f} GPU s")
+        saves = "would save" if f["pattern"] == NON_PREFIX else "saves"
+        lines.append(f"     fix: {f['fix']}: {saves} {f['tokens']:,} prefill tokens, ~{f['gpu_s']:.2f} GPU s")
     return "\n".join(lines)
