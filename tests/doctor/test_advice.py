@@ -14,7 +14,7 @@ from sglang_prefill_ext.config import FLAGS_BY_NAME
 from sglang_prefill_ext.doctor import report
 from sglang_prefill_ext.doctor.analysis import diagnose
 from sglang_prefill_ext.doctor.log import read_log
-from sglang_prefill_ext.runner.short_first import PassCost
+from sglang_prefill_ext.runner.pass_cost import PassCost
 from tests.doctor.traffic import Prompt, doctor, prefill, seen_before, tokens, write_log
 
 WITHIN = 0.05
