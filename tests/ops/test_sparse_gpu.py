@@ -32,7 +32,7 @@ def _run_chunk(
 ) -> torch.Tensor:
     layout = BlockLayout.build(prefix, extend, sparse.settings.block_size, DEVICE)
     sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
-    return sparse.attend(q, pool.k, pool.v, q.shape[-1] ** -0.5, first=True, per_layer=True)
+    return sparse.attend(q, pool.k, pool.v, q.shape[-1] ** -0.5, layer=0, per_layer=True)
 
 
 SCENARIOS = {
