@@ -93,7 +93,7 @@ class SparseSettings:
         "Decline a batch whose selection drops attention that sampled rows need: at a checked layer (the first "
         "sparse layer, and every --prefill-ext-sparse-guard-every-th after it), --prefill-ext-sparse-samples "
         "query rows per query block attend exactly over all their keys; when the "
-        f"{GUARD_QUANTILE:.0%} quantile, over every query head and sampled row, of the share of that attention "
+        f"{GUARD_QUANTILE:g} quantile, over every query head and sampled row, of the share of that attention "
         "in the layer's kept blocks is under this bound, that layer and every later one run the backend's dense "
         "prefill (as --prefill-ext-sparse-max-density declines). A row the selection reads right holds about "
         "--prefill-ext-sparse-mass (after its decay) or more, so a useful bound lies below it. Cost per checked "
