@@ -11,7 +11,8 @@ QK^T (no PV). Keys are read from the KV pool through `locs`, so a cached prefix 
 The kernel takes up to `ROW_BLOCKS` consecutive rows of one request and `CHUNK_COLS` key blocks
 per program, so each key tile read from the pool serves all those rows and long rows spread over
 many programs; it writes every sampled row's log-sum-exp per key block. Normalising over the key
-blocks and averaging over the samples and heads is then a few torch ops.
+blocks and averaging over the samples and heads is then a few torch ops; `row_mass` stops before the
+mean, each sampled row of each query head on its own (what the guard, guard.py, reads).
 """
 
 from __future__ import annotations
