@@ -1,5 +1,4 @@
-"""On the GPU: the guard's compiled kernel on a bf16 pool (the CPU interpreter cannot run bf16 dot products
-right), and the guard's decline in front of FlashInfer."""
+"""On the GPU: the guard's decline in front of FlashInfer (its kernel on a bf16 pool: test_sparse_gpu.py)."""
 
 from __future__ import annotations
 
@@ -8,32 +7,10 @@ import torch
 from kvpool import assert_requests_match_sdpa, make_pool
 
 from sglang_prefill_ext.ops import BlockLayout, BlockSparseAttention, SparsePrefill, SparseSettings
-from sglang_prefill_ext.ops.guard import kept_share
 from sglang_prefill_ext.ops.layout import context_locs
-from sglang_prefill_ext.ops.sampled import row_mass_torch, row_mass_triton
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
-
-
-@pytest.mark.parametrize(
-    ("heads", "head_dim", "samples"), [((32, 8), 128, 2), ((12, 2), 128, 2), ((9, 3), 64, 3)]
-)
-def test_row_mass_kernel_matches_torch_on_a_bf16_pool(
-    heads: tuple[int, int], head_dim: int, samples: int
-) -> None:
-    prefix, extend = [2000, 0, 300], [900, 3000, 5]
-    pool = make_pool(
-        [p + n for p, n in zip(prefix, extend, strict=True)], 16, heads[1], head_dim, device=DEVICE
-    )
-    layout = BlockLayout.build(prefix, extend, 128, DEVICE)
-    locs = context_locs(layout, pool.req_to_token, pool.req_pool_indices)
-    q = torch.randn(layout.num_tokens, heads[0], head_dim, device=DEVICE).bfloat16()
-    got = row_mass_triton(q, pool.k, locs, layout, samples, head_dim**-0.5)
-    want = row_mass_torch(q, pool.k, locs, layout, samples, head_dim**-0.5)
-    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-2)
-    keep = torch.rand(heads[0], layout.num_rows, layout.max_key_blocks, device=DEVICE) < 0.3
-    torch.testing.assert_close(kept_share(got, keep), kept_share(want, keep), atol=5e-3, rtol=2e-2)
 
 
 def test_a_dropped_needle_declines_before_flashinfer_and_keeping_everything_runs_it() -> None:
