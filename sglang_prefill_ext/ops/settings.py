@@ -102,8 +102,8 @@ class SparseSettings:
     )
     guard_every: int = _setting(
         0,
-        "With --prefill-ext-sparse-guard: also check every N-th sparse layer after the first (a decline "
-        "there keeps the sparse layers before it); 0: the first sparse layer only.",
+        "With --prefill-ext-sparse-guard: also check every N-th sparse layer after the first (a decline there "
+        "leaves the layers before it sparse; each check costs what the first does); 0: the first sparse layer only.",
     )
     plan_once: bool = _setting(
         True,
