@@ -143,6 +143,9 @@ def test_choices_and_formats_refused(flag: str, text: str, error: str) -> None:
         ("--prefill-ext-dedup-min-tokens", "-1", "=-1: must be >= 0"),
         ("--prefill-ext-sparse-min-len", "-5", "=-5: must be >= 0"),
         ("--prefill-ext-sparse-max-density", "1.5", "=1.5: must lie in [0, 1]"),
+        ("--prefill-ext-sparse-guard", "1.5", "=1.5: guard must lie in [0, 1], got 1.5"),
+        ("--prefill-ext-sparse-guard", "-0.1", "=-0.1: guard must lie in [0, 1], got -0.1"),
+        ("--prefill-ext-sparse-guard-every", "-1", "=-1: guard_every must be >= 0, got -1"),
         ("--prefill-ext-pass-budget-ms", "-25", "=-25.0: must be >= 0"),
         ("--prefill-ext-fingerprint-block", "16", "=16: must be >= 32"),
     ],
@@ -158,6 +161,14 @@ def test_values_in_range_accepted() -> None:
     config = PrefillExtConfig.from_options(getattr(parse(*argv), OPTIONS_DEST))
     assert (config.short_window_s, config.sparse_settings.threshold) == (-1.0, 0.0)
     assert (config.sparse_max_density, config.decode_adaptive_budget) == (1.0, 0)
+
+
+@pytest.mark.parametrize(("guard", "every"), [("0.5", "4"), ("1", "0"), ("0", "1")])
+def test_the_guard_flags_set_their_settings(guard: str, every: str) -> None:
+    argv = ["--prefill-ext-sparse-guard", guard, "--prefill-ext-sparse-guard-every", every]
+    settings = PrefillExtConfig.from_options(getattr(parse(*argv), OPTIONS_DEST)).sparse_settings
+    assert (settings.guard, settings.guard_every) == (float(guard), int(every))
+    assert (SparseSettings.guard, SparseSettings.guard_every) == (0.0, 0)  # off unless asked for
 
 
 def test_fingerprints_need_the_request_log() -> None:

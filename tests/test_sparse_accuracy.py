@@ -140,3 +140,31 @@ def test_the_default_config_is_the_servers_selection(bench: ModuleType) -> None:
         want.block_size, want.samples, want.local_blocks
     )
     assert settings == want
+
+
+@pytest.mark.parametrize(("spec", "declined"), [("pooled:0", False), ("oracle:0.3", True)])
+def test_the_guard_is_reported_and_a_declined_forward_is_dense(
+    bench: ModuleType, model, spec: str, declined: bool
+) -> None:
+    """Guard 0.9, every sparse layer checked: keeping every block passes each with a statistic of 1; an oracle
+    at mass 0.3 fails at the first sparse layer, whose forward then runs the exact dense attention."""
+    import dataclasses
+
+    from sglang_prefill_ext.ops import SparsePrefill
+
+    config = bench.parse_config(spec)
+    settings = dataclasses.replace(config.settings(BLOCK, 2, 0), guard=0.9, guard_every=1)
+    oracle = bench.Oracle() if config.scorer == "oracle" else None
+    attention = bench.SparseAttention(SparsePrefill(settings, None), 1, True, True, oracle=oracle)
+    tokens = torch.randint(0, 128, (1, LENGTH))
+    dense = _logits(model, tokens, "test_exact", bench.exact_attention)
+    sparse = _logits(model, tokens, f"test_guard_{spec}", attention)
+    assert attention.declined == declined
+    summary = bench.guard_summary(attention.guards)
+    if declined:
+        torch.testing.assert_close(sparse, dense, atol=1e-5, rtol=1e-5)
+        assert list(summary["guard_per_layer"]) == [1] and summary["guard"] < 0.9
+    else:
+        assert list(summary["guard_per_layer"]) == [1, 2, 3]
+        assert summary["guard_min"] == pytest.approx(1.0, abs=1e-5)
+    assert bench.guard_summary([{}]) == {}  # off: nothing reported

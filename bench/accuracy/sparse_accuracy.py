@@ -2,14 +2,15 @@
 
     python -m bench.accuracy.sparse_accuracy --model-dir DIR [--prompts 8] [--length 8192] [--json PATH]
         [--configs SCORER:VALUE[@OPT,...] ...] [--samples 2] [--local-blocks 4] [--dense-layers 2]
-        [--block-size 128] [--shared] [--max-density 1] [--device cuda|cpu] [--emulate] [--tf32]
+        [--block-size 128] [--shared] [--max-density 1] [--guard 0] [--guard-every 0] [--device cuda|cpu]
+        [--emulate] [--tf32]
 
 Loads an HF checkpoint (Qwen2.5-Coder-1.5B-Instruct or SmolLM2-135M, scripts/models/model_parts.py) with
 transformers and runs each prompt of `--length` tokens of real text (`bench/lib/real_text.py`) dense (torch SDPA,
 causal), then once per config with every layer from `--dense-layers` on attending through the policy the
 server runs (`SparsePrefill.attend`: one KV pool slot per position, selection and plan in every sparse
 layer, or with --shared once at the first; a first layout denser than --max-density declines the forward,
-which then runs dense). With --emulate the model runs in fp32 and every layer, dense reference included,
+which then runs dense, and so does a layer whose selection fails --guard, `SparseSettings.guard`). With --emulate the model runs in fp32 and every layer, dense reference included,
 through exact attention a chunk of queries at a time (ops/exact.py: nothing is L x L), the sparse layers
 over their kept blocks only: only the selection differs from dense (--tf32: TF32 matmuls in that attention,
 for 128K in minutes; dense and sparse share the rounding).
@@ -17,8 +18,9 @@ for 128K in minutes; dense and sparse share the rounding).
 Logits are computed from the final hidden states a chunk of positions at a time (128K x vocab never exists).
 Reports per config, over every position and past the first 1,024: perplexity of the text and accuracy of the
 argmax against the text's real next token (dense's own beside it), top-1 agreement with dense, mean KL(dense ||
-sparse), and the kept-block density (kept causal blocks over causal blocks, mean over the selecting layers; the
-JSON has it per layer and per mask head).
+sparse), the kept-block density (kept causal blocks over causal blocks, mean over the selecting layers; the
+JSON has it per layer and per mask head), the forwards declined and, with --guard, the guard statistic (ops/guard.py:
+the mean over prompts of each forward's lowest, and the lowest; the JSON has it per checked layer).
 
 SCORER:VALUE: sampled:MASS, pooled:THRESHOLD, hybrid:THRESHOLD,MASS, antidiagonal:MASS, and (with --emulate)
 oracle:MASS, which keeps, per head and query block, the fewest blocks holding MASS of the layer's exact
@@ -109,6 +111,7 @@ class SparseAttention:
         self.max_density = max_density
         self.declined = False
         self.densities: list[dict[int, list[float]]] = []  # per forward: selecting layer -> per mask head
+        self.guards: list[dict[int, float]] = []  # per forward: checked sparse layer -> guard statistic
 
     @property
     def block_size(self) -> int:
@@ -129,26 +132,33 @@ class SparseAttention:
             layout = BlockLayout.build([0], [length], self.block_size, q.device)
             self.sparse.begin(layout, torch.arange(length, device=q.device))
             self.densities.append({})
+            self.guards.append({})
             self.declined = False
         select = first or self.per_layer
+        index = module.layer_idx - self.dense_layers
         if self.emulate:
-            out = self._emulate(q, k, v, scaling, select)
+            out = self._emulate(q, k, v, scaling, select, index)
         else:
             out = self.sparse.attend(
-                q, k, v, scaling, first=first, per_layer=self.per_layer, max_density=self.max_density
+                q, k, v, scaling, layer=index, per_layer=self.per_layer, max_density=self.max_density
             )
         if select:
             self.densities[-1][module.layer_idx] = self.sparse.head_densities().tolist()
+        if index in self.sparse.guard_stats:
+            self.guards[-1][module.layer_idx] = self.sparse.guard_stats[index]
         if out is None:  # declined: this layer and the later ones run dense
             self.declined = True
-            return sdpa_attention_forward(
+            dense = exact_attention if self.emulate else sdpa_attention_forward
+            return dense(
                 module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
             )
         return out.unsqueeze(0), None
 
     def _emulate(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, select: bool
-    ) -> torch.Tensor:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, select: bool, index: int
+    ) -> torch.Tensor | None:
+        """The layer's attention over its kept blocks, or None where the guard declines (`SparsePrefill.attend`'s
+        guard; --max-density is the kernel path's)."""
         settings = self.sparse.settings
         if select and self.oracle is not None:
             mass = exact_block_mass(q, k, scaling, self.block_size, per_query_head=settings.per_query_head)
@@ -156,6 +166,8 @@ class SparseAttention:
             self.sparse.mask = rule(mass, self.sparse.layout, settings)
         elif select:
             self.sparse.mask = self.sparse.select(q, k, scaling)
+        if self.sparse.guard_checks(index) and not self.sparse.guard_passes(q, k, scaling, index):
+            return None
         out = block_sparse_attention(q, k, v, scaling, self.sparse.mask, self.block_size)
         return out.to(q.dtype)
 
@@ -215,6 +227,17 @@ def density_summary(forwards: list[dict[int, list[float]]]) -> dict[str, object]
     return dict(
         density=statistics.mean(per_layer.values()), density_per_layer=per_layer, density_per_head=per_head
     )
+
+
+def guard_summary(forwards: list[dict[int, float]]) -> dict[str, object]:
+    """The guard statistic (ops/guard.py) of the checked layers: the mean over prompts of each forward's
+    lowest, the lowest of all, and per layer the mean over the forwards that reached it; empty when off."""
+    if not any(forwards):
+        return {}
+    lowest = [min(f.values()) for f in forwards]
+    layers = sorted({layer for f in forwards for layer in f})
+    per_layer = {layer: statistics.mean(f[layer] for f in forwards if layer in f) for layer in layers}
+    return dict(guard=statistics.mean(lowest), guard_min=min(lowest), guard_per_layer=per_layer)
 
 
 SCORER_VALUES = {
@@ -309,6 +332,7 @@ def report_line(name: str, s: dict[str, float], dense: dict[str, float]) -> str:
         f"{s['next_acc']:.4f} ({(s['next_acc'] - dense['next_acc']) * 100:+.2f} pts), top-1 vs dense "
         f"{s['top1']:.4f} (past {TAIL_FROM}: {s['top1_tail']:.4f}), mean KL {s['kl']:.3g}, max KL "
         f"{s['kl_max']:.3g}, density {s['density']:.3f}, declined {s['declined']:.0f}"
+        + (f", guard {s['guard']:.3f} (lowest {s['guard_min']:.3f})" if "guard" in s else "")
     )
 
 
@@ -335,6 +359,16 @@ def main() -> None:
     parser.add_argument(
         "--max-density", type=float, default=1.0,
         help="the serving policy's decline: a first sparse layout denser than this runs the forward dense",
+    )  # fmt: skip
+    parser.add_argument(
+        "--guard", type=float, default=SparseSettings.guard,
+        help="SparseSettings.guard for every config: a checked layer whose sampled rows' low-quantile kept share "
+        "is under this runs the forward dense from there; a tiny value (1e-9) reports the statistic, declining "
+        "nothing",
+    )  # fmt: skip
+    parser.add_argument(
+        "--guard-every", type=int, default=SparseSettings.guard_every,
+        help="SparseSettings.guard_every: also check every N-th sparse layer after the first",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
@@ -371,7 +405,9 @@ def main() -> None:
     for config in a.configs:
         if config.scorer == "oracle" and not emulate:
             parser.error("oracle:MASS needs --emulate (it reads the exact attention)")
-        settings = config.settings(a.block_size, a.samples, a.local_blocks)
+        settings = dataclasses.replace(
+            config.settings(a.block_size, a.samples, a.local_blocks), guard=a.guard, guard_every=a.guard_every
+        )
         sparse = SparsePrefill(settings, None) if emulate else SparsePrefill.create(settings, workspace)
         oracle = Oracle(per_layer=config.layer_mass) if config.scorer == "oracle" else None
         attentions[config.text] = SparseAttention(
@@ -413,13 +449,14 @@ def main() -> None:
         summary["kl_max"] = max(r["kl_max"] for r in rows)
         summary["declined"] = sum(r["declined"] for r in rows)
         summary.update(density_summary(attentions[name].densities))
+        summary.update(guard_summary(attentions[name].guards))
         summary["mass"] = float(mass_fraction(torch.tensor([a.length]), attentions[name].sparse.settings))
         summaries.append(dict(config=name, **summary))
         print(report_line(f"{name} (mass {summary['mass']:.3f})", summary, dense_summary), flush=True)
     info = dict(
         model=a.model_dir, corpus=a.corpus or "real_text", length=a.length, prompts=a.prompts, dense_layers=a.dense_layers,
         block_size=a.block_size, samples=a.samples, local_blocks=a.local_blocks, tf32=a.tf32,
-        max_density=a.max_density, dense=dense_summary,
+        max_density=a.max_density, guard=a.guard, guard_every=a.guard_every, dense=dense_summary,
         selection="shared (first sparse layer)" if a.shared else "per layer", configs=summaries,
         device=(torch.cuda.get_device_name() if a.device == "cuda" else "cpu")
         + (" (fp32, emulated: exact chunked attention)" if emulate else " (bf16, FlashInfer block-sparse)"),

@@ -11,12 +11,14 @@ QK^T (no PV). Keys are read from the KV pool through `locs`, so a cached prefix 
 The kernel takes up to `ROW_BLOCKS` consecutive rows of one request and `CHUNK_COLS` key blocks
 per program, so each key tile read from the pool serves all those rows and long rows spread over
 many programs; it writes every sampled row's log-sum-exp per key block. Normalising over the key
-blocks and averaging over the samples and heads is then a few torch ops.
+blocks and averaging over the samples and heads is then a few torch ops; `row_mass` stops before the
+mean, each sampled row of each query head on its own (what the guard, guard.py, reads).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -171,7 +173,7 @@ def _block_lse_kernel(
         _store_block_lse(lse_ptr + lse_row + c * SLOTS, block_max, weights, live)
 
 
-def block_mass_triton(
+def row_mass_triton(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
     locs: torch.Tensor,
@@ -182,7 +184,6 @@ def block_mass_triton(
     tile_rows: int = 128,
     chunk_cols: int = 32,
     num_warps: int = 8,
-    per_query_head: bool = False,
 ) -> torch.Tensor:
     """`geometry` from `sample_geometry` (built here with `tile_rows` when not given); `chunk_cols`
     key blocks per program (launch tuning only)."""
@@ -194,8 +195,7 @@ def block_mass_triton(
         geometry = sample_geometry(layout, samples, group, tile_rows)
     slots, tiles = geometry.slots, geometry.tiles
     if num_rows == 0:
-        heads = num_qo_heads if per_query_head else num_kv_heads
-        return torch.zeros(heads, 0, num_cols, dtype=torch.float32, device=q.device)
+        return torch.zeros(num_kv_heads, 0, num_cols, samples, group, dtype=torch.float32, device=q.device)
     assert k_buffer.is_contiguous() and q.stride(-1) == 1 and layout.block_size <= 256
     lse = torch.full(
         (num_kv_heads, num_rows, num_cols, slots), _FLOOR.value, dtype=torch.float32, device=q.device
@@ -230,28 +230,46 @@ def block_mass_triton(
         num_warps=num_warps,
     )
     lse = lse[..., : samples * group]
-    mass = torch.exp(lse - lse.logsumexp(2, keepdim=True))  # [Hkv, R, C, samples x group]
-    if not per_query_head:
-        return mass.mean(3)
-    mass = mass.view(num_kv_heads, num_rows, num_cols, samples, group).mean(3)
-    return mass.permute(0, 3, 1, 2).reshape(num_qo_heads, num_rows, num_cols)
+    mass = torch.exp(lse - lse.logsumexp(2, keepdim=True))
+    return mass.view(num_kv_heads, num_rows, num_cols, samples, group)
 
 
-def block_mass_torch(
+def block_mass_triton(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
     locs: torch.Tensor,
     layout: BlockLayout,
     samples: int,
     sm_scale: float,
+    geometry: SampleGeometry | None = None,
+    tile_rows: int = 128,
+    chunk_cols: int = 32,
+    num_warps: int = 8,
     per_query_head: bool = False,
 ) -> torch.Tensor:
-    """The same mass with dense torch softmax, one request at a time (float32)."""
+    """`row_mass_triton`'s rows averaged (the launch options are its own)."""
+    mass = row_mass_triton(
+        q, k_buffer, locs, layout, samples, sm_scale, geometry, tile_rows, chunk_cols, num_warps
+    )
+    if not per_query_head:
+        return mass.flatten(3).mean(3)
+    num_kv_heads, num_rows, num_cols, _, group = mass.shape
+    return mass.mean(3).permute(0, 3, 1, 2).reshape(num_kv_heads * group, num_rows, num_cols)
+
+
+def _request_row_mass(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    locs: torch.Tensor,
+    layout: BlockLayout,
+    samples: int,
+    sm_scale: float,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Per request, its row blocks and their sampled rows' mass with dense torch softmax (float32):
+    (rows [n], mass [Hkv, group, n, samples, its key blocks])."""
     num_kv_heads = k_buffer.shape[1]
     group = q.shape[1] // num_kv_heads
     bsz = layout.block_size
-    heads = q.shape[1] if per_query_head else num_kv_heads
-    out = torch.zeros(heads, layout.num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device)
     offsets = sample_offsets(layout, samples).long()
     for b in range(layout.req_ctx_len.numel()):
         rows = (layout.row_req == b).nonzero().flatten()
@@ -273,9 +291,60 @@ def block_mass_torch(
             .view(*p.shape[:2], num_cols, bsz)
             .sum(-1)
         )
-        p = p.view(num_kv_heads, group, rows.numel(), samples, num_cols).mean(3)
-        out[:, rows, :num_cols] = p.flatten(0, 1) if per_query_head else p.mean(1)
+        yield rows, p.view(num_kv_heads, group, rows.numel(), samples, num_cols)
+
+
+def block_mass_torch(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    locs: torch.Tensor,
+    layout: BlockLayout,
+    samples: int,
+    sm_scale: float,
+    per_query_head: bool = False,
+) -> torch.Tensor:
+    """The same mass with dense torch softmax, one request at a time (float32)."""
+    heads = q.shape[1] if per_query_head else k_buffer.shape[1]
+    out = torch.zeros(heads, layout.num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device)
+    for rows, p in _request_row_mass(q, k_buffer, locs, layout, samples, sm_scale):
+        p = p.mean(3)
+        out[:, rows, : p.shape[-1]] = p.flatten(0, 1) if per_query_head else p.mean(1)
     return out
+
+
+def row_mass_torch(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    locs: torch.Tensor,
+    layout: BlockLayout,
+    samples: int,
+    sm_scale: float,
+) -> torch.Tensor:
+    """`row_mass` with dense torch softmax, one request at a time (float32)."""
+    num_kv_heads = k_buffer.shape[1]
+    group = q.shape[1] // num_kv_heads
+    shape = (num_kv_heads, layout.num_rows, layout.max_key_blocks, samples, group)
+    out = torch.zeros(shape, dtype=torch.float32, device=q.device)
+    for rows, p in _request_row_mass(q, k_buffer, locs, layout, samples, sm_scale):
+        out[:, rows, : p.shape[-1]] = p.permute(0, 2, 4, 3, 1)
+    return out
+
+
+def row_mass(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    locs: torch.Tensor,
+    layout: BlockLayout,
+    samples: int,
+    sm_scale: float,
+    geometry: SampleGeometry | None = None,
+) -> torch.Tensor:
+    """Each sampled row's own exact attention per key block, before any mean: fp32 [Hkv, R,
+    max_key_blocks, samples, group] (query head h * group + g of KV head h), each (row, sample, head)
+    summing to 1 over its causal blocks; what the guard (guard.py) measures kept blocks against."""
+    if triton_enabled(q):
+        return row_mass_triton(q, k_buffer, locs, layout, samples, sm_scale, geometry)
+    return row_mass_torch(q, k_buffer, locs, layout, samples, sm_scale)
 
 
 def block_mass(

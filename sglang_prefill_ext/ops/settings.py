@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 SCORERS = ("hybrid", "sampled", "pooled", "antidiagonal")
+GUARD_QUANTILE = 0.01  # the guard's statistic: this low quantile of the sampled rows' kept shares (guard.py)
 
 
 def _setting(default: object, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -60,7 +61,8 @@ class SparseSettings:
         32768, "Sampled and antidiagonal scorers: the prompt length up to which the mass is not lowered."
     )
     samples: int = _setting(
-        2, "Sampled scorer: query rows sampled per query block (its last, then evenly back to its first)."
+        2,
+        "Sampled scorer and guard: query rows sampled per query block (its last, then evenly back to its first).",
     )
     stride: int = _setting(
         16,
@@ -85,6 +87,23 @@ class SparseSettings:
         True,
         "Select key blocks per query head (each query head its own sampled mass and pooled score, one query "
         "head per FlashInfer segment) instead of one set per KV head shared by its query heads.",
+    )
+    guard: float = _setting(
+        0.0,
+        "Decline a batch whose selection drops attention that sampled rows need: at a checked layer (the first "
+        "sparse layer, and every --prefill-ext-sparse-guard-every-th after it), --prefill-ext-sparse-samples "
+        "query rows per query block attend exactly over all their keys; when the "
+        f"{GUARD_QUANTILE:g} quantile, over every query head and sampled row, of the share of that attention "
+        "in the layer's kept blocks is under this bound, that layer and every later one run the backend's dense "
+        "prefill (as --prefill-ext-sparse-max-density declines). A row the selection reads right holds about "
+        "--prefill-ext-sparse-mass (after its decay) or more, so a useful bound lies below it. Cost per checked "
+        "layer: about samples / block_size of its dense QK^T (the sampled rows' logits, no PV) and one host "
+        "read-back. 0: off, nothing computed.",
+    )
+    guard_every: int = _setting(
+        0,
+        "With --prefill-ext-sparse-guard: also check every N-th sparse layer after the first (a decline there "
+        "leaves the layers before it sparse; each check costs what the first does); 0: the first sparse layer only.",
     )
     plan_once: bool = _setting(
         True,
@@ -112,6 +131,10 @@ class SparseSettings:
             raise ValueError(f"stride {self.stride} must divide block_size {self.block_size}")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must lie in [0, 1], got {self.threshold}")
+        if not 0.0 <= self.guard <= 1.0:
+            raise ValueError(f"guard must lie in [0, 1], got {self.guard}")
+        if self.guard_every < 0:
+            raise ValueError(f"guard_every must be >= 0, got {self.guard_every}")
         if min(self.sink_blocks, self.local_blocks, self.last_blocks) < 0:
             raise ValueError("sink_blocks, local_blocks and last_blocks must be >= 0")
 

@@ -5,7 +5,9 @@ server and the accuracy bench both run: it scores that layer's queries against t
 (sampled rows and/or pooled blocks, or antidiagonal sums), selects the kept blocks (per KV head, or per query head with
 `settings.per_query_head`), plans FlashInfer and runs; with `per_layer=False` a later layer reuses the
 plan and only runs the attention (one selection and one plan per forward); a first layout denser than
-`max_density` is declined (None: the caller's dense attention runs from that layer on).
+`max_density` is declined (None: the caller's dense attention runs from that layer on), and so is one
+whose sampled rows find too little of their exact attention in the kept blocks (`settings.guard`, at the
+first sparse layer and every `settings.guard_every`-th after it: guard.py).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import torch
 
 from .antidiagonal import Packing, antidiagonal_mass
 from .attention import BlockSparseAttention
+from .guard import kept_share, low_quantile
 from .layout import BlockLayout
 from .plan import build_plan_indices, device_plan_indices
 from .pooling import key_segments, pool_keys, pool_queries
-from .sampled import SampleGeometry, block_mass, sample_geometry
+from .sampled import SampleGeometry, block_mass, row_mass, sample_geometry
 from .scoring import select_blocks, select_by_mass
 from .settings import SparseSettings
 
@@ -33,6 +36,7 @@ class SparsePrefill:
         self.planned = False
         self.mask: torch.Tensor | None = None
         self._indices: torch.Tensor | None = None  # with settings.plan_once: later layers' kv_indices
+        self.guard_stats: dict[int, float] = {}  # this forward's guard statistic per checked sparse layer
 
     @classmethod
     def create(cls, settings: SparseSettings, workspace: torch.Tensor) -> SparsePrefill:
@@ -48,6 +52,7 @@ class SparsePrefill:
         self.planned = False
         self.mask = None
         self._indices = None
+        self.guard_stats = {}
 
     @property
     def layout(self) -> BlockLayout:
@@ -68,9 +73,6 @@ class SparsePrefill:
             return select_by_mass(mass, layout, self.settings)
         by_mass = None
         if scorer in ("sampled", "hybrid"):
-            if self._geometry is None:
-                group = q.shape[1] // k_buffer.shape[1]
-                self._geometry = sample_geometry(layout, self.settings.samples, group)
             mass = block_mass(
                 q,
                 k_buffer,
@@ -78,7 +80,7 @@ class SparsePrefill:
                 layout,
                 self.settings.samples,
                 sm_scale,
-                self._geometry,
+                self._sample_geometry(q, k_buffer),
                 per_query_head=self.settings.per_query_head,
             )
             by_mass = select_by_mass(mass, layout, self.settings)
@@ -86,6 +88,46 @@ class SparsePrefill:
                 return by_mass
         by_pool = self._select_pooled(q, k_buffer, sm_scale)
         return by_pool if by_mass is None else by_pool | by_mass
+
+    def _sample_geometry(self, q: torch.Tensor, k_buffer: torch.Tensor) -> SampleGeometry:
+        """The sampled rows' kernel geometry (scorer and guard alike), built once per layout."""
+        if self._geometry is None:
+            group = q.shape[1] // k_buffer.shape[1]
+            self._geometry = sample_geometry(self.layout, self.settings.samples, group)
+        return self._geometry
+
+    def guard_checks(self, layer: int) -> bool:
+        """Whether the guard checks the forward's sparse layer `layer` (0: the first)."""
+        every = self.settings.guard_every
+        return self.settings.guard > 0 and (layer == 0 or (every > 0 and layer % every == 0))
+
+    def guard_passes(
+        self,
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        sm_scale: float,
+        layer: int,
+    ) -> bool:
+        """Whether the sampled rows of this layer's queries [N, Hq, D] find at least `settings.guard` of their
+        exact attention in the blocks of `mask` (the layer's selection), at guard.py's low quantile; the
+        statistic lands in `guard_stats[layer]` (reads back to the host)."""
+        assert self.mask is not None, "select first"
+        mass = row_mass(
+            q,
+            k_buffer,
+            self._locs,
+            self.layout,
+            self.settings.samples,
+            sm_scale,
+            self._sample_geometry(q, k_buffer),
+        )
+        self.guard_stats[layer] = low_quantile(kept_share(mass, self.mask))
+        return self.guard_stats[layer] >= self.settings.guard
+
+    @property
+    def guard_stat(self) -> float | None:
+        """The guard statistic of this forward's last checked layer (None: none checked)."""
+        return next(reversed(self.guard_stats.values()), None)
 
     def _select_pooled(self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float) -> torch.Tensor:
         layout = self.layout
@@ -119,7 +161,7 @@ class SparsePrefill:
         self.planned = True
 
     def head_densities(self, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Per mask head (KV or query head), kept key blocks of `mask` (default: the last plan's) over the
+        """Per mask head (KV or query head), kept key blocks of `mask` (default: the last selection's) over the
         causally allowed ones: [Hm] fp32."""
         mask = self.mask if mask is None else mask
         assert mask is not None, "plan() first"
@@ -136,14 +178,17 @@ class SparsePrefill:
         sm_scale: float,
         logits_soft_cap: float = 0.0,
         max_density: float = 1.0,
+        guard_layer: int | None = None,
     ) -> bool:
         """Select this layer's blocks and plan them. With `max_density` < 1, a layout keeping more than
-        that fraction of its causal blocks is declined: nothing is planned, False is returned."""
-        mask = self.select(q, k_buffer, sm_scale)
-        if max_density < 1.0 and self.density(mask) > max_density:
-            self.mask = mask
+        that fraction of its causal blocks is declined: nothing is planned, False is returned; so is one
+        that fails the guard (`guard_passes`) as sparse layer `guard_layer` (None: not checked)."""
+        self.mask = self.select(q, k_buffer, sm_scale)
+        if max_density < 1.0 and self.density() > max_density:
             return False
-        self.plan(mask, q, sm_scale, logits_soft_cap, num_kv_heads=k_buffer.shape[1])
+        if guard_layer is not None and not self.guard_passes(q, k_buffer, sm_scale, guard_layer):
+            return False
+        self.plan(self.mask, q, sm_scale, logits_soft_cap, num_kv_heads=k_buffer.shape[1])
         return True
 
     def attend(
@@ -152,18 +197,22 @@ class SparsePrefill:
         k_buffer: torch.Tensor,
         v_buffer: torch.Tensor,
         sm_scale: float,
-        first: bool,
+        layer: int,
         per_layer: bool,
         max_density: float = 1.0,
         logits_soft_cap: float = 0.0,
     ) -> torch.Tensor | None:
         """Attention of one layer's q [N, Hq, D] over the batch's context in the KV pool, [N, Hq, D];
-        `first`: the forward's first sparse layer, where a layout keeping more than `max_density` of its
-        causal blocks declines the batch (None)."""
+        `layer`: its index among the forward's sparse layers. The first (0) declines the batch (None) when
+        its layout keeps more than `max_density` of its causal blocks; it and every layer the guard checks
+        (`guard_checks`) when the guard fails."""
+        guard_layer = layer if self.guard_checks(layer) else None
         if per_layer or not self.planned:
             planned = self.select_and_plan(
-                q, k_buffer, sm_scale, logits_soft_cap, max_density=max_density if first else 1.0
+                q, k_buffer, sm_scale, logits_soft_cap, max_density if layer == 0 else 1.0, guard_layer
             )
             if not planned:
                 return None
+        elif guard_layer is not None and not self.guard_passes(q, k_buffer, sm_scale, guard_layer):
+            return None
         return self.attention.run(q, k_buffer, v_buffer)

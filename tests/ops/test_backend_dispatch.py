@@ -3,6 +3,8 @@ model): SGLang's real FlashInfer backend subclass, KV pool and attention layers 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import types
 
 import pytest
@@ -191,3 +193,52 @@ def test_the_layout_knows_each_prompt_and_which_extends_end_it() -> None:
     layout = backend.ext_path.sparse.layout
     assert layout.req_ends_prompt.tolist() == [False, True, True]
     assert layout.req_prompt_len.tolist() == [100_000, 40, 1500]
+
+
+def _guarded_path(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, **options):
+    """A path over one 3,000-token prompt whose selection drops blocks (sampled rows at mass 0.5), its
+    density never declined, its plan and attention stubbed (FlashInfer needs a GPU). The ops run their torch
+    versions: Triton's CPU interpreter gets bf16 dot products wrong (the pool's dtype)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    caplog.set_level(logging.INFO, logger="sglang_prefill_ext.adapters.v0_5_17.sparse")
+    backend = _backend(sparse_scorer="sampled", sparse_mass=0.5, sparse_max_density=1.0, **options)
+    path = backend.ext_path
+    batch = _batch(seq_lens=(3000,))
+    path.begin(batch)
+    path.sparse.plan = lambda mask, *args, **kwargs: None
+    path.sparse.attention.run = lambda q, k_buffer, v_buffer: torch.zeros_like(q)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3000, HEADS * HEAD_DIM, generator=gen).bfloat16()
+    k = torch.randn(3000, KV_HEADS, HEAD_DIM, generator=gen).bfloat16()
+    return path, batch, q, k
+
+
+def test_a_failed_guard_declines_the_first_sparse_layer_and_says_so(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, batch, q, k = _guarded_path(caplog, monkeypatch, sparse_guard=1.0)
+    assert path.forward(q, k, k, _layer(0), batch, save_kv_cache=True) is None
+    assert not path.runs(q, k, _layer(1), batch)
+    guard = path.sparse.guard_stats[0]
+    assert guard < 1.0
+    (line,) = caplog.messages
+    assert line.endswith(f", guard {guard:.3f} < --prefill-ext-sparse-guard: the backend's dense prefill")
+
+
+def test_a_passed_guard_is_logged_and_a_later_layer_may_decline(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """guard_every 2: layer 1 is not checked, layer 2 is; a decline there leaves layers 0 and 1 sparse."""
+    path, batch, q, k = _guarded_path(caplog, monkeypatch, sparse_guard=1e-9, sparse_guard_every=2)
+    assert path.forward(q, k, k, _layer(0), batch, save_kv_cache=True) is not None
+    assert path.forward(q, k, k, _layer(1), batch, save_kv_cache=True) is not None
+    assert sorted(path.sparse.guard_stats) == [0]
+    path.sparse.settings = dataclasses.replace(path.sparse.settings, guard=1.0)
+    assert path.forward(q, k, k, _layer(2), batch, save_kv_cache=True) is None
+    assert not path.runs(q, k, _layer(3), batch)
+    first, later = caplog.messages
+    assert first.endswith(f"density {path.sparse.density():.3f}, guard {path.sparse.guard_stats[0]:.3f}")
+    assert later == (
+        f"prefill-ext sparse: sparse layer 2, guard {path.sparse.guard_stats[2]:.3f} < "
+        "--prefill-ext-sparse-guard: the backend's dense prefill"
+    )

@@ -7,6 +7,7 @@ import torch
 from kvpool import assert_requests_match_sdpa, make_pool, request_kv, sdpa_reference
 
 from sglang_prefill_ext.ops import BlockLayout, BlockSparseAttention, SparsePrefill, SparseSettings
+from sglang_prefill_ext.ops.guard import kept_share
 from sglang_prefill_ext.ops.layout import context_locs
 from sglang_prefill_ext.ops.pooling import (
     key_segments,
@@ -15,7 +16,12 @@ from sglang_prefill_ext.ops.pooling import (
     query_segments,
     segment_mean_torch,
 )
-from sglang_prefill_ext.ops.sampled import block_mass_torch, block_mass_triton
+from sglang_prefill_ext.ops.sampled import (
+    block_mass_torch,
+    block_mass_triton,
+    row_mass_torch,
+    row_mass_triton,
+)
 from sglang_prefill_ext.ops.scoring import select_blocks_torch
 
 pytestmark = pytest.mark.gpu
@@ -32,7 +38,7 @@ def _run_chunk(
 ) -> torch.Tensor:
     layout = BlockLayout.build(prefix, extend, sparse.settings.block_size, DEVICE)
     sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
-    return sparse.attend(q, pool.k, pool.v, q.shape[-1] ** -0.5, first=True, per_layer=True)
+    return sparse.attend(q, pool.k, pool.v, q.shape[-1] ** -0.5, layer=0, per_layer=True)
 
 
 SCENARIOS = {
@@ -124,7 +130,9 @@ def test_planted_needles_are_always_selected_per_kv_head_at_mass_0_95(
     assert not missed, f"needles not selected: {missed}"
 
 
-@pytest.mark.parametrize(("heads", "head_dim", "samples"), [((32, 8), 128, 2), ((9, 3), 64, 3)])
+@pytest.mark.parametrize(
+    ("heads", "head_dim", "samples"), [((32, 8), 128, 2), ((12, 2), 128, 2), ((9, 3), 64, 3)]
+)
 def test_sampled_mass_kernel_matches_torch_on_gpu(
     heads: tuple[int, int], head_dim: int, samples: int
 ) -> None:
@@ -138,6 +146,12 @@ def test_sampled_mass_kernel_matches_torch_on_gpu(
     got = block_mass_triton(q, pool.k, locs, layout, samples, head_dim**-0.5)
     want = block_mass_torch(q, pool.k, locs, layout, samples, head_dim**-0.5)
     torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-2)
+    # the guard's rows before their mean (the CPU interpreter cannot check bf16), and their kept shares
+    rows = row_mass_triton(q, pool.k, locs, layout, samples, head_dim**-0.5)
+    want_rows = row_mass_torch(q, pool.k, locs, layout, samples, head_dim**-0.5)
+    torch.testing.assert_close(rows, want_rows, atol=2e-3, rtol=2e-2)
+    keep = torch.rand(heads[0], layout.num_rows, layout.max_key_blocks, device=DEVICE) < 0.3
+    torch.testing.assert_close(kept_share(rows, keep), kept_share(want_rows, keep), atol=5e-3, rtol=2e-2)
 
 
 def test_triton_pooling_and_selection_match_torch_on_gpu() -> None:

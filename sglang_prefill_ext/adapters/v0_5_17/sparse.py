@@ -11,10 +11,13 @@ sparse layer's layout is shared by all later layers.
 
 A layout that keeps more than `sparse_max_density` of its causal blocks at the first sparse layer would
 not beat a dense pass (FlashInfer's block-sparse kernel costs about 1.3 x density of one): the batch is
-declined there and runs the backend's own attention from that layer on.
+declined there and runs the backend's own attention from that layer on. So is a batch whose selection
+fails `--prefill-ext-sparse-guard` (ops/guard.py) at its first sparse layer or, with
+`--prefill-ext-sparse-guard-every`, a later one: the layers before it stay sparse.
 
 Observability: at INFO, one log line per sparse forward with the kept-block density of its layout (one
-host read-back per forward, after its first sparse layer).
+host read-back per forward, after its first sparse layer) and, with the guard on, its guard statistic;
+one more line when a later layer's guard declines the batch.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 from sglang_prefill_ext.adapters.v0_5_17.extend_path import BatchLens, ExtendHost, ExtendPath
-from sglang_prefill_ext.config import PrefillExtConfig
+from sglang_prefill_ext.config import PrefillExtConfig, option_name
 from sglang_prefill_ext.ops import (
     BlockLayout,
     SparsePrefill,
@@ -37,6 +40,9 @@ if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
 
 logger = logging.getLogger(__name__)
+GUARD_FLAG = option_name("sparse_guard")
+DENSITY_FLAG = option_name("sparse_max_density")
+DECLINED = ": the backend's dense prefill"
 
 
 def prompt_lens(forward_batch: ForwardBatch) -> torch.Tensor | None:
@@ -86,27 +92,43 @@ class SparseExtend(ExtendPath):
         self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, layer: RadixAttention
     ) -> torch.Tensor | None:
         """Block-sparse attention of one layer; None when the first sparse layer's layout keeps more than
-        `sparse_max_density` of its causal blocks."""
+        `sparse_max_density` of its causal blocks, or a layer the guard checks fails it."""
         config = self._config
-        first = layer.layer_id == self._first_layer
+        index = layer.layer_id - self._first_layer
         out = self.sparse.attend(
             q,
             k_buffer,
             v_buffer,
             layer.scaling,
-            first=first,
+            layer=index,
             per_layer=config.sparse_per_layer,
             max_density=config.sparse_max_density,
             logits_soft_cap=layer.logit_cap,
         )
-        if first and logger.isEnabledFor(logging.INFO):
-            layout = self.sparse.layout
-            logger.info(
-                "prefill-ext sparse: %d requests, %d new tokens, %d key blocks, density %.3f%s",
-                layout.req_ctx_len.numel(),
-                layout.num_tokens,
-                layout.num_key_blocks,
-                self.sparse.density(),
-                "" if out is not None else " > --prefill-ext-sparse-max-density: the backend's dense prefill",
-            )
+        if logger.isEnabledFor(logging.INFO):
+            self._log(index, declined=out is None)
         return out
+
+    def _log(self, index: int, declined: bool) -> None:
+        """The forward's line at its first sparse layer; a later one only where the guard declines."""
+        guard = self.sparse.guard_stats.get(index)
+        if guard is not None and guard < self.sparse.settings.guard:
+            verdict = f" < {GUARD_FLAG}{DECLINED}"
+        elif declined:
+            verdict = f" > {DENSITY_FLAG}{DECLINED}"
+        else:
+            verdict = ""
+        if index > 0:
+            if verdict:
+                logger.info("prefill-ext sparse: sparse layer %d, guard %.3f%s", index, guard, verdict)
+            return
+        layout = self.sparse.layout
+        logger.info(
+            "prefill-ext sparse: %d requests, %d new tokens, %d key blocks, density %.3f%s%s",
+            layout.req_ctx_len.numel(),
+            layout.num_tokens,
+            layout.num_key_blocks,
+            self.sparse.density(),
+            "" if guard is None else f", guard {guard:.3f}",
+            verdict,
+        )
