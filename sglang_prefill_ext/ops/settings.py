@@ -52,7 +52,7 @@ class SparseSettings:
         "--prefill-ext-sparse-mass-decay); 1 keeps them all, at every length.",
     )
     mass_decay: float = _setting(
-        0.075,
+        0.0,
         "Sampled and antidiagonal scorers: how much the mass falls per doubling of the whole prompt beyond "
         "--prefill-ext-sparse-mass-len tokens (a longer prompt keeps its accuracy at a lower "
         "mass); 0 keeps --prefill-ext-sparse-mass at every length, as does a mass of 1.",
@@ -79,9 +79,10 @@ class SparseSettings:
         4, "Key blocks up to and including the diagonal that every query block keeps (local window)."
     )
     last_blocks: int = _setting(
-        1,
+        4,
         "The last N query blocks of each prompt attend densely (e.g. the question at the end), in the forward "
-        "holding the prompt's end; the chunks before it have none.",
+        "holding the prompt's end; the chunks before it have none. Blocks sit at absolute positions, so the "
+        "last one may hold a single token: N blocks are at least (N - 1) x --prefill-ext-sparse-block-size rows.",
     )
     per_query_head: bool = _setting(
         True,
