@@ -28,6 +28,10 @@ def haystack(n: int) -> list[int]:
     return (line * (n // len(line) + 1))[:n]
 
 
+def family(case: tasks.Case, name: str) -> list[tasks.Question]:
+    return [q for q in case.questions if q.family == name]
+
+
 def make_case(length: int = 20_000, seed: int = 7) -> tasks.Case:
     return tasks.build_case(haystack(length), encode, lambda t: t == NEWLINE, length, random.Random(seed))
 
@@ -49,7 +53,12 @@ def test_every_needle_sits_whole_at_a_line_start_near_its_depth(seed: int) -> No
 
 def test_each_prompt_is_the_context_then_its_question_within_the_length() -> None:
     case = make_case()
-    assert len(case.prompts) == len(tasks.FAMILIES) == len(case.questions)
+    assert (
+        len(case.prompts)
+        == len(case.questions)
+        == len(tasks.FAMILIES) + tasks.SINGLE_KEYS + tasks.MULTIKEY_ASKS - 2
+    )
+    assert [q.family for q in case.questions if q.ask == 0] == list(tasks.FAMILIES)
     assert max(map(len, case.prompts)) == 20_000
     for q, prompt in zip(case.questions, case.prompts, strict=True):
         assert prompt[: len(case.context)] == case.context
@@ -62,11 +71,13 @@ def test_every_answer_is_planted_and_the_question_names_its_key() -> None:
     for q in case.questions:
         for answer in q.answers:
             assert answer in context
-    single, multikey = case.questions[0], case.questions[1]
-    key = single.text.split("number for ")[1].split(" mentioned")[0]
-    assert f"The special magic number for {key} is: {single.answers[0]}." in context
-    asked = multikey.text.split("code for ")[1].split(" mentioned")[0]
-    assert f"The access code for {asked} is: {multikey.answers[0]}." in context
+    for q in family(case, "single"):
+        key = q.text.split("number for ")[1].split(" mentioned")[0]
+        assert f"The special magic number for {key} is: {q.answers[0]}." in context
+    asked = [q.text.split("code for ")[1].split(" mentioned")[0] for q in family(case, "multikey")]
+    assert len(set(asked)) == tasks.MULTIKEY_ASKS
+    for key, q in zip(asked, family(case, "multikey"), strict=True):
+        assert f"The access code for {key} is: {q.answers[0]}." in context
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -80,14 +91,14 @@ def test_multikey_distractors_are_near_but_never_the_key(seed: int) -> None:
 
 def test_the_vartrack_chain_is_in_order_and_commonwords_counts_hold() -> None:
     case = make_case(seed=3)
-    vt = case.questions[tasks.FAMILIES.index("vartrack")]
+    (vt,) = family(case, "vartrack")
     at = dict(case.needle_at)
     chain = list(vt.answers)
     value = vt.text.split("value ")[1].split(" ")[0]
     hops = [at[f"VAR {b} = VAR {a}."] for a, b in zip(chain, chain[1:], strict=False)]
     assert at[f"VAR {chain[0]} = {value}."] < hops[0]
     assert hops == sorted(hops)
-    cw = case.questions[tasks.FAMILIES.index("commonwords")]
+    (cw,) = family(case, "commonwords")
     tags = [t.removeprefix("Tag: ").rstrip(".") for t, _ in case.needle_at if t.startswith("Tag: ")]
     counts = {t: tags.count(t) for t in set(tags)}
     assert all(counts[w] == 5 for w in cw.answers)
@@ -186,7 +197,7 @@ def test_a_cell_dense_fails_does_not_count(tmp_path: Path) -> None:
 def test_compare_refuses_files_of_other_prompts(tmp_path: Path) -> None:
     dense = ruler.load(_rows(tmp_path / "d.jsonl", [True] * 3))
     other = ruler.load(_rows(tmp_path / "o.jsonl", [True] * 3))
-    other[(1000, 1, "multikey")]["prompt_sha"] = "x"
+    other[(1000, 1, "multikey", 0)]["prompt_sha"] = "x"
     with pytest.raises(SystemExit, match="differs"):
         ruler.compare(dense, other)
 

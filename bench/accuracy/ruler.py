@@ -6,7 +6,7 @@
 
 `run` builds, per length, `--prompts` cases of the split (`corpora.SPLITS`: dev = standard-library source,
 held-out = the sglang package's source and English prose, other seeds), each a haystack of real text carrying
-the needles of every task family (`tasks.py`), and asks each family's question as its own request, greedy.
+the needles of every task family (`tasks.py`), and asks each of its questions as its own request, greedy.
 Per case: a cache flush, then one cold request (the families take turns, or `--cold FAMILY`; its TTFT is
 the prompt's prefill), then the other questions at once, which hit the radix cache for the shared haystack and
 extend it by their question alone. `--url` is any server: stock and the extension get the same prompts.
@@ -115,7 +115,7 @@ async def run_cases(
                 cold = (
                     fields["index"] % len(case.questions)
                     if cold_family == "rotate"
-                    else tasks.FAMILIES.index(cold_family)
+                    else next(i for i, q in enumerate(case.questions) if q.family == cold_family)
                 )
                 records = await ask_case(client, url, case, cold)
                 for i, (q, rec) in enumerate(zip(case.questions, records, strict=True)):
@@ -127,6 +127,7 @@ async def run_cases(
                         fields,
                         label=label,
                         family=q.family,
+                        ask=q.ask,
                         cold=i == cold,
                         prompt_tokens=len(case.prompts[i]),
                         prompt_sha=prompt_sha(case.prompts[i]),
@@ -152,9 +153,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
-def load(path: str) -> dict[tuple[int, int, str], dict[str, Any]]:
+def load(path: str) -> dict[tuple[int, int, str, int], dict[str, Any]]:
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return {(r["length"], r["seed"], r["family"]): r for r in rows}
+    return {(r["length"], r["seed"], r["family"], r.get("ask", 0)): r for r in rows}
 
 
 def cell(ref: list[dict], other: list[dict]) -> dict[str, Any]:

@@ -4,14 +4,15 @@ A case is one haystack (real text of a corpus, `corpora.py`) carrying the needle
 line-aligned depths; each family asks one question at the end, and is scored by exact match on the answer's
 first line. Families (after RULER, Hsieh et al. 2024):
 
-- `single`: one number under a word-pair key;
-- `multikey`: eight access codes under near-identical keys (one character apart), one asked;
+- `single`: a number under a word-pair key (SINGLE_KEYS such needles, each asked on its own);
+- `multikey`: eight access codes under near-identical keys (one character apart), MULTIKEY_ASKS of them asked;
 - `multivalue`: four numbers under one key, all asked;
 - `multiquery`: four keys, all four numbers asked;
 - `vartrack`: a five-variable assignment chain beside a distractor chain, every variable holding the value asked;
 - `commonwords`: `Tag:` lines, three tags five times each among fifteen once; the three most frequent asked.
 
-The needles of different families never share a key word, a value or a surface form.
+The needles of different families never share a key word, a value or a surface form. Several questions of
+one family in one case (`Question.ask`) share its haystack, so their answers are not independent.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import string
 from collections.abc import Callable
 
 FAMILIES = ("single", "multikey", "multivalue", "multiquery", "vartrack", "commonwords")
+SINGLE_KEYS = 3  # single needles per case, each asked on its own (the others are distinct-key distractors)
+MULTIKEY_ASKS = 2  # of the eight near-identical keys, how many are asked, one question each
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -47,10 +50,9 @@ NOUNS = _words(
 class Question:
     family: str
     text: str
-    answers: tuple[
-        str, ...
-    ]  # all must appear in the answer's first line (`single`, `multikey`: its first number)
+    answers: tuple[str, ...]  # all in the answer's first line (`single`, `multikey`: its first number)
     max_new_tokens: int
+    ask: int = 0  # which of its family's questions in the case
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,34 +111,37 @@ def plan_case(rng: random.Random) -> Plan:
     needles: list[Needle] = []
     questions: list[Question] = []
 
-    key = _key(rng, words)
-    value = _number(rng, values)
-    (depth,) = _depths(rng, 1)
-    needles.append(Needle("single", f"The special magic number for {key} is: {value}.", depth))
-    questions.append(
-        Question(
-            "single",
-            f"What is the special magic number for {key} mentioned in the provided text?\n"
-            f"Answer: The special magic number for {key} mentioned in the provided text is",
-            (value,),
-            12,
+    for ask in range(SINGLE_KEYS):
+        key = _key(rng, words)
+        value = _number(rng, values)
+        (depth,) = _depths(rng, 1)
+        needles.append(Needle("single", f"The special magic number for {key} is: {value}.", depth))
+        questions.append(
+            Question(
+                "single",
+                f"What is the special magic number for {key} mentioned in the provided text?\n"
+                f"Answer: The special magic number for {key} mentioned in the provided text is",
+                (value,),
+                12,
+                ask,
+            )
         )
-    )
 
     keys = near_keys(rng, 8)
     codes = [_number(rng, values) for _ in keys]
     for k, code, depth in zip(keys, codes, _depths(rng, len(keys)), strict=True):
         needles.append(Needle("multikey", f"The access code for {k} is: {code}.", depth))
-    asked = rng.randrange(len(keys))
-    questions.append(
-        Question(
-            "multikey",
-            f"What is the access code for {keys[asked]} mentioned in the provided text?\n"
-            f"Answer: The access code for {keys[asked]} mentioned in the provided text is",
-            (codes[asked],),
-            12,
+    for ask, asked in enumerate(rng.sample(range(len(keys)), MULTIKEY_ASKS)):
+        questions.append(
+            Question(
+                "multikey",
+                f"What is the access code for {keys[asked]} mentioned in the provided text?\n"
+                f"Answer: The access code for {keys[asked]} mentioned in the provided text is",
+                (codes[asked],),
+                12,
+                ask,
+            )
         )
-    )
 
     key = _key(rng, words)
     many = [_number(rng, values) for _ in range(4)]
