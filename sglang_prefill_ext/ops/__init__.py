@@ -1,4 +1,16 @@
-"""Version-free sparse prefill ops: block layout, block selection (pooled Q/K, sampled rows), FlashInfer plan and run.
+"""Version-free block-sparse prefill ops: block layout, block scoring (antidiagonal sums, the default;
+sampled rows; pooled Q/K), mass selection, guard, FlashInfer plan and run.
+
+Plan once, run many (like FlashInfer's wrappers): one `SparsePrefill` per server, `begin` once per
+forward, `attend` per layer; a layer that selects plans, the later ones reuse the plan::
+
+    sparse = SparsePrefill.create(SparseSettings(), workspace)  # workspace: FlashInfer's float buffer
+    layout = BlockLayout.build(prefix_lens, extend_lens, sparse.settings.block_size, device)
+    sparse.begin(layout, context_locs(layout, req_to_token, req_pool_indices))
+    for index, (q, k_buffer, v_buffer) in enumerate(sparse_layers):  # K/V already in the pool
+        out = sparse.attend(q, k_buffer, v_buffer, sm_scale, layer=index, per_layer=True)
+        if out is None:  # declined: this layer and the later ones run dense
+            ...
 
 The names below load on first use, so `ops.settings` (what `config` reads its sparse defaults from)
 imports without torch, Triton or FlashInfer.

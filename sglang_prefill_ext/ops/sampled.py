@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import triton_enabled
+from .dispatch import FLOOR, triton_enabled
 from .layout import BlockLayout
 
-_FLOOR = tl.constexpr(-1.0e30)
+_FLOOR = tl.constexpr(FLOOR)
 _LN2 = tl.constexpr(0.6931471805599453)
 _LOG2E = 1.4426950408889634
 
@@ -93,7 +93,7 @@ def _store_block_lse(ptrs, block_max, weights, live):
 
 
 @triton.jit
-def _block_lse_kernel(
+def _sampled_block_lse_kernel(
     q_ptr,
     k_ptr,
     locs_ptr,
@@ -200,7 +200,7 @@ def row_mass_triton(
     lse = torch.full(
         (num_kv_heads, num_rows, num_cols, slots), _FLOOR.value, dtype=torch.float32, device=q.device
     )
-    _block_lse_kernel[(tiles.numel(), num_kv_heads, triton.cdiv(num_cols, chunk_cols))](
+    _sampled_block_lse_kernel[(tiles.numel(), num_kv_heads, triton.cdiv(num_cols, chunk_cols))](
         q,
         k_buffer,
         locs.long().contiguous(),

@@ -1,4 +1,4 @@
-"""Block selection: which key blocks each query block keeps, per KV head.
+"""Block selection: which key blocks each query block keeps, per query head (the default) or per KV head.
 
 `select_by_mass` keeps the blocks that carry a row's estimated attention mass (the sampled and antidiagonal
 scorers, sampled.py and antidiagonal.py; the hybrid scorer keeps the union of it and the pooled rule). The pooled scorer reads one
@@ -17,11 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import triton_enabled
+from .dispatch import FLOOR, triton_enabled
 from .layout import BlockLayout
 from .settings import SparseSettings
-
-_FINITE_FLOOR = -1.0e30
 
 
 @triton.jit
@@ -139,7 +137,7 @@ def select_blocks_triton(
         num_kv_heads,
         group,
         sm_scale,
-        max(settings.log_threshold, _FINITE_FLOOR),
+        max(settings.log_threshold, FLOOR),
         settings.sink_blocks,
         settings.local_blocks,
         settings.last_blocks,
@@ -215,19 +213,16 @@ def _mass_select_kernel(
     row_block_ptr,
     num_keys_ptr,
     ends_prompt_ptr,
-    prompt_len_ptr,
+    fraction_ptr,
     out_ptr,
     num_rows,
     max_cols,
-    fraction,
-    mass_decay,
-    mass_len,
     sink_blocks,
     local_blocks,
     last_blocks,
     BLOCK_C: tl.constexpr,
 ):
-    """One (head, row): the largest blocks holding its prompt's `mass_fraction` of its mass, found as a
+    """One (head, row): the largest blocks holding its request's `fraction` of its mass, found as a
     threshold: the largest value v with sum(mass >= v) >= fraction * sum(mass), bisected over the fp32 bit
     patterns (ordered like the non-negative values they encode; 31 steps end on a value of the row), plus the
     structural blocks."""
@@ -235,8 +230,7 @@ def _mass_select_kernel(
     row = seg % num_rows
     diag = tl.load(row_block_ptr + row)
     req = tl.load(row_req_ptr + row)
-    doublings = tl.maximum(tl.log2(tl.load(prompt_len_ptr + req).to(tl.float32) / mass_len), 0.0)
-    fraction = tl.maximum(fraction - mass_decay * doublings, 0.0)
+    fraction = tl.load(fraction_ptr + req)
     cols = tl.arange(0, BLOCK_C)
     causal = cols <= diag
     base = seg.to(tl.int64) * max_cols
@@ -256,7 +250,9 @@ def _mass_select_kernel(
     tl.store(out_ptr + base + cols, ((keep | structural) & causal).to(tl.int8), mask=cols < max_cols)
 
 
-def select_by_mass_triton(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
+def select_by_mass_triton(
+    mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings, fraction: torch.Tensor
+) -> torch.Tensor:
     heads, num_rows, max_cols = mass.shape
     out = torch.empty(heads, num_rows, max_cols, dtype=torch.int8, device=mass.device)
     if out.numel() == 0:
@@ -268,13 +264,10 @@ def select_by_mass_triton(mass: torch.Tensor, layout: BlockLayout, settings: Spa
         layout.row_block,
         layout.req_num_key_blocks,
         layout.req_ends_prompt.view(torch.int8),
-        layout.req_prompt_len,
+        fraction.contiguous(),
         out,
         num_rows,
         max_cols,
-        settings.mass,
-        settings.mass_decay,
-        float(settings.mass_len),
         settings.sink_blocks,
         settings.local_blocks,
         settings.last_blocks,
@@ -284,20 +277,26 @@ def select_by_mass_triton(mass: torch.Tensor, layout: BlockLayout, settings: Spa
     return out.view(torch.bool)
 
 
-def select_by_mass_torch(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
-    fraction = mass_fraction(layout.req_prompt_len[layout.row_req.long()], settings).to(mass.device)
-    return largest_holding(mass, fraction[:, None]) | structural_blocks(layout, settings, mass.device)[None]
+def select_by_mass_torch(
+    mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings, fraction: torch.Tensor
+) -> torch.Tensor:
+    row_fraction = fraction[layout.row_req.long()].to(mass.device)
+    return (
+        largest_holding(mass, row_fraction[:, None]) | structural_blocks(layout, settings, mass.device)[None]
+    )
 
 
 def select_by_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
-    """Per (head, row) the fewest key blocks whose estimated mass reaches the row's `mass_fraction` (largest
-    first), plus the structural blocks: bool [H, R, C] (H: the mass's heads, KV or query heads). `mass` is
-    zero outside causal blocks; a mass of 1 keeps every causal block, at any prompt length."""
+    """Per (head, row) the fewest key blocks whose estimated mass reaches its request's `mass_fraction`
+    (largest first), plus the structural blocks: bool [H, R, C] (H: the mass's heads, KV or query heads).
+    `mass` is zero outside causal blocks; a mass of 1 keeps every causal block, at any prompt length. The
+    fraction is computed once per request, here, and read by either twin."""
     if settings.mass >= 1.0:
         cols, diag = _columns_and_diagonals(layout, mass.device)
         return (cols <= diag)[None].expand_as(mass).clone()
+    fraction = mass_fraction(layout.req_prompt_len, settings)
     impl = select_by_mass_triton if triton_enabled(mass) else select_by_mass_torch
-    return impl(mass, layout, settings)
+    return impl(mass, layout, settings, fraction)
 
 
 def largest_holding(mass: torch.Tensor, fraction: float | torch.Tensor) -> torch.Tensor:

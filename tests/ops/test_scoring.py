@@ -10,12 +10,14 @@ import torch
 from sglang_prefill_ext.ops.layout import BlockLayout
 from sglang_prefill_ext.ops.scoring import (
     block_scores_torch,
+    largest_holding,
     mass_fraction,
     select_blocks_torch,
     select_blocks_triton,
     select_by_mass,
     select_by_mass_torch,
     select_by_mass_triton,
+    structural_blocks,
 )
 from sglang_prefill_ext.ops.settings import SparseSettings
 
@@ -204,8 +206,10 @@ def test_the_mass_selection_kernel_keeps_what_the_sort_keeps(
         local_blocks=2,
         last_blocks=2,
     )
-    got = select_by_mass_triton(mass, layout, settings)
-    assert torch.equal(got, select_by_mass_torch(mass, layout, settings))
+    got = select_by_mass_triton(mass, layout, settings, mass_fraction(layout.req_prompt_len, settings))
+    assert torch.equal(
+        got, select_by_mass_torch(mass, layout, settings, mass_fraction(layout.req_prompt_len, settings))
+    )
     assert layout.max_key_blocks > 256 and bool((got.sum(-1) > 0).all())
 
 
@@ -220,6 +224,27 @@ def test_the_mass_falls_per_doubling_of_the_prompt_beyond_mass_len() -> None:
     )
     with pytest.raises(ValueError, match="mass_decay"):
         SparseSettings(mass_decay=-0.1)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.075, 0.3])
+def test_the_per_request_mass_gives_the_masks_of_the_in_kernel_decay(decay: float) -> None:
+    """The decay is computed once per request (`mass_fraction`) and read by both twins: the masks equal those of
+    the rule the Triton kernel used to apply itself, max(mass - decay x max(log2(len / mass_len), 0), 0) in
+    fp32 per row, over prompts shorter than, at, between and far past `mass_len`'s doublings."""
+    prompt_lens = torch.tensor([100, 1600, 2400, 6400, 50000, 1 << 30])
+    layout = BlockLayout.build([16 * 20] * 6, [40] * 6, BLOCK, prompt_lens=prompt_lens)
+    settings = SparseSettings(block_size=BLOCK, mass=0.8, mass_decay=decay, mass_len=1600, last_blocks=0)
+    gen = torch.Generator().manual_seed(7)
+    causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
+    mass = torch.rand(4, layout.num_rows, layout.max_key_blocks, generator=gen) * causal[None]
+    row_len = layout.req_prompt_len[layout.row_req.long()].float()
+    doublings = torch.log2(row_len / torch.tensor(float(settings.mass_len))).clamp_min(0.0)
+    in_kernel = (torch.tensor(settings.mass) - torch.tensor(decay) * doublings).clamp_min(0.0)
+    want = largest_holding(mass, in_kernel[:, None]) | structural_blocks(layout, settings, mass.device)[None]
+    fraction = mass_fraction(layout.req_prompt_len, settings)
+    assert torch.equal(select_by_mass_triton(mass, layout, settings, fraction), want)
+    assert torch.equal(select_by_mass_torch(mass, layout, settings, fraction), want)
+    assert torch.equal(select_by_mass(mass, layout, settings), want)
 
 
 def test_a_mass_of_one_keeps_every_causal_block_of_a_long_prompt() -> None:
@@ -242,11 +267,17 @@ def test_a_chunk_selects_at_its_whole_prompts_mass() -> None:
     mass = torch.rand(2, half, layout.max_key_blocks, generator=gen).repeat(1, 2, 1)
     causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
     settings = SparseSettings(block_size=BLOCK, mass=0.8, mass_decay=0.2, mass_len=1024, last_blocks=0)
-    kept = select_by_mass_torch(mass * causal[None], layout, settings).sum(-1)
+    kept = select_by_mass_torch(
+        mass * causal[None], layout, settings, mass_fraction(layout.req_prompt_len, settings)
+    ).sum(-1)
     assert bool((kept[:, half:] < kept[:, :half]).all())
     assert torch.equal(
-        select_by_mass_triton(mass * causal[None], layout, settings),
-        select_by_mass_torch(mass * causal[None], layout, settings),
+        select_by_mass_triton(
+            mass * causal[None], layout, settings, mass_fraction(layout.req_prompt_len, settings)
+        ),
+        select_by_mass_torch(
+            mass * causal[None], layout, settings, mass_fraction(layout.req_prompt_len, settings)
+        ),
     )
 
 
@@ -264,9 +295,11 @@ def test_the_mass_selection_kernel_on_cuda_keeps_what_the_fp32_sort_keeps(decay:
     mass = mass * causal[None]
     mass /= mass.sum(-1, keepdim=True)
     settings = SparseSettings(block_size=BLOCK, mass=0.8, mass_decay=decay, mass_len=2048, local_blocks=2)
-    want = select_by_mass_torch(mass, layout, settings)
+    want = select_by_mass_torch(mass, layout, settings, mass_fraction(layout.req_prompt_len, settings))
     cuda = BlockLayout.build([16 * 400, 0], [160, 600], BLOCK, "cuda", prompt_lens=prompt_lens.cuda())
-    got = select_by_mass_triton(mass.cuda(), cuda, settings).cpu()
+    got = select_by_mass_triton(
+        mass.cuda(), cuda, settings, mass_fraction(cuda.req_prompt_len, settings)
+    ).cpu()
     rows_differ = (got != want).any(-1)
     assert float(rows_differ.float().mean()) < 0.02
     assert bool(((got.sum(-1) - want.sum(-1)).abs() <= 1).all())
