@@ -50,7 +50,7 @@ from bench.lib.real_text import corpus_ids
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
-from sglang_prefill_ext.ops.scoring import largest_holding, mass_fraction, select_by_mass, structural_blocks
+from sglang_prefill_ext.ops.selection import largest_holding, mass_fraction, select_by_mass, structural_blocks
 
 TAIL_FROM = 1024
 LOGIT_ROWS = 4096  # positions per lm_head chunk: 4096 x 152K vocab fp32 is 2.5 GB

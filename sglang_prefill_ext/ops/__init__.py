@@ -24,7 +24,7 @@ from typing import Any
 _HOMES = {
     "BlockLayout": "layout",
     "BlockSparseAttention": "attention",
-    "SparsePrefill": "sparse_prefill",
+    "SparsePrefill": "policy",
     "SparseSettings": "settings",
     "context_locs": "layout",
 }

@@ -24,9 +24,9 @@ class SparseSettings:
     diagonal), the diagonal itself, the query block is one of the prompt's last `last_blocks`, or the
     scorer picks it. Scorer "sampled": the block is among the fewest, largest blocks holding the mass
     fraction (`mass`, lowered by `mass_decay` per doubling of the whole prompt beyond `mass_len`) of
-    the row's attention as estimated from `samples` exact query rows per block and head (sampled.py).
+    the row's attention as estimated from `samples` exact query rows per block and head (scorers/sampled.py).
     Scorer "antidiagonal": the same rule on the mass estimated from antidiagonal sums of `stride` x
-    `stride` tiles of QK^T (antidiagonal.py).
+    `stride` tiles of QK^T (scorers/antidiagonal.py).
     Scorer "pooled": its pooled score reaches `threshold` x the row's best for some query head of the
     KV head's group. Scorer "hybrid": either rule keeps it. With `per_query_head` every query head
     gets its own blocks (its own sampled mass, its own pooled score) instead of one set per KV head.

@@ -6,10 +6,11 @@ import pytest
 import torch
 from kvpool import scattered_batch
 
-from sglang_prefill_ext.ops import sparse_prefill
+from sglang_prefill_ext.ops import policy
 from sglang_prefill_ext.ops.guard import kept_share, low_quantile
 from sglang_prefill_ext.ops.layout import BlockLayout
-from sglang_prefill_ext.ops.sampled import (
+from sglang_prefill_ext.ops.policy import SparsePrefill
+from sglang_prefill_ext.ops.scorers.sampled import (
     block_mass_torch,
     block_mass_triton,
     row_mass_torch,
@@ -17,7 +18,6 @@ from sglang_prefill_ext.ops.sampled import (
     sample_offsets,
 )
 from sglang_prefill_ext.ops.settings import GUARD_QUANTILE, SparseSettings
-from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
 
 BLOCK = 16
 SCALE = 32**-0.5
@@ -192,7 +192,7 @@ def test_later_layers_are_checked_every_n_and_a_shared_plan_is_measured_against_
 
 def test_a_density_decline_comes_first_and_computes_no_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     layout, q, k_buffer, locs = _needle_batch(needle_row=None, needle_block=0)
-    monkeypatch.setattr(sparse_prefill, "row_mass", _never)
+    monkeypatch.setattr(policy, "row_mass", _never)
     sparse = SparsePrefill(SparseSettings(block_size=BLOCK, guard=0.9), RecordingAttention())
     sparse.begin(layout, locs)
     sparse.select = _forced(_causal(layout, 4))
@@ -221,7 +221,7 @@ def test_off_computes_nothing_and_plans_what_it_always_did(
         masks[guard] = []
         with monkeypatch.context() as patch:
             if guard == 0.0:
-                patch.setattr(sparse_prefill, "row_mass", _never)
+                patch.setattr(policy, "row_mass", _never)
             for i in range(3):
                 out = sparse.attend(q * (1 + i), k_buffer, k_buffer, SCALE, layer=i, per_layer=per_layer)
                 assert out is not None

@@ -8,12 +8,10 @@ import pytest
 import torch
 
 from sglang_prefill_ext.ops.layout import BlockLayout
-from sglang_prefill_ext.ops.scoring import (
-    block_scores_torch,
+from sglang_prefill_ext.ops.scorers.pooled import pooled_scores, select_pooled_torch, select_pooled_triton
+from sglang_prefill_ext.ops.selection import (
     largest_holding,
     mass_fraction,
-    select_blocks_torch,
-    select_blocks_triton,
     select_by_mass,
     select_by_mass_torch,
     select_by_mass_triton,
@@ -55,10 +53,10 @@ def test_triton_selection_matches_torch(
         last_blocks=1,
         per_query_head=per_query_head,
     )
-    got = select_blocks_triton(qpool, kpool, layout, settings, 0.3)
-    want = select_blocks_torch(qpool, kpool, layout, settings, 0.3)
+    got = select_pooled_triton(qpool, kpool, layout, settings, 0.3)
+    want = select_pooled_torch(qpool, kpool, layout, settings, 0.3)
     assert got.shape[0] == (heads[0] if per_query_head else heads[1])
-    s = block_scores_torch(qpool, kpool, layout, 0.3)
+    s = pooled_scores(qpool, kpool, layout, 0.3)
     gap = (s - s.amax(-1, keepdim=True) - settings.log_threshold).abs()
     margin = gap if per_query_head else gap.view(heads[1], -1, *gap.shape[1:]).amin(1)
     _assert_same_up_to_ties(got, want, margin.nan_to_num(1.0))
@@ -72,15 +70,15 @@ def test_a_kv_heads_blocks_are_the_union_of_its_query_heads() -> None:
     base = SparseSettings(
         block_size=BLOCK, threshold=0.2, sink_blocks=0, local_blocks=1, last_blocks=0, per_query_head=False
     )
-    per_q = select_blocks_torch(qpool, kpool, layout, dataclasses.replace(base, per_query_head=True), 0.3)
-    per_kv = select_blocks_torch(qpool, kpool, layout, base, 0.3)
+    per_q = select_pooled_torch(qpool, kpool, layout, dataclasses.replace(base, per_query_head=True), 0.3)
+    per_kv = select_pooled_torch(qpool, kpool, layout, base, 0.3)
     assert torch.equal(per_kv, per_q.view(heads[1], -1, *per_q.shape[1:]).any(1))
     assert int(per_q.sum()) < int(per_kv.repeat_interleave(4, 0).sum())
 
 
 def test_threshold_zero_keeps_every_causal_block_and_nothing_after_the_diagonal() -> None:
     layout, qpool, kpool = _pooled((4, 2), 32, [40], [100])
-    mask = select_blocks_torch(qpool, kpool, layout, SparseSettings(block_size=BLOCK, threshold=0.0), 1.0)
+    mask = select_pooled_torch(qpool, kpool, layout, SparseSettings(block_size=BLOCK, threshold=0.0), 1.0)
     causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
     assert torch.equal(mask, causal[None].expand_as(mask))
 
@@ -88,7 +86,7 @@ def test_threshold_zero_keeps_every_causal_block_and_nothing_after_the_diagonal(
 def test_structural_blocks_are_kept_whatever_the_scores() -> None:
     layout, qpool, kpool = _pooled((4, 2), 32, [0], [16 * 20])
     settings = SparseSettings(block_size=BLOCK, threshold=1.0, sink_blocks=2, local_blocks=3, last_blocks=2)
-    mask = select_blocks_triton(
+    mask = select_pooled_triton(
         qpool, kpool * 0, layout, settings, 1.0
     )  # all scores tie: only the best passes
     for r in range(layout.num_rows):
@@ -99,7 +97,7 @@ def test_structural_blocks_are_kept_whatever_the_scores() -> None:
         assert max(kept) == i
 
 
-@pytest.mark.parametrize("impl", [select_blocks_triton, select_blocks_torch])
+@pytest.mark.parametrize("impl", [select_pooled_triton, select_pooled_torch])
 def test_only_an_extend_that_ends_its_prompt_keeps_its_last_rows_dense(impl) -> None:
     """A chunk before the prompt's end is a stretch of text like any other: its last rows are selected
     as every row is, not kept dense over the whole prefix (one long segment: the attention's critical
@@ -129,12 +127,12 @@ def test_relative_threshold_keeps_exactly_the_blocks_near_the_best() -> None:
     qpool[:, 0, 0] = 1.0
     kpool = torch.zeros(layout.num_key_blocks, 1, 16)
     kpool[:, 0, 0] = torch.tensor([3.0, 0.0, 2.5, 2.0, 0.0, 3.0, 0.0, 0.0])  # log(0.5) = -0.69
-    mask = select_blocks_triton(qpool, kpool, layout, settings, 1.0)
+    mask = select_pooled_triton(qpool, kpool, layout, settings, 1.0)
     assert mask[0, 7].nonzero().flatten().tolist() == [0, 2, 5, 7]
     assert mask[0, 3].nonzero().flatten().tolist() == [0, 2, 3]
 
 
-@pytest.mark.parametrize("impl", [select_blocks_triton, select_blocks_torch])
+@pytest.mark.parametrize("impl", [select_pooled_triton, select_pooled_torch])
 def test_needle_in_one_query_head_is_kept_for_its_kv_head(impl) -> None:
     layout, qpool, kpool = _pooled((8, 2), 64, [16 * 30], [16 * 10], seed=3)
     needle = torch.randn(64)
@@ -148,13 +146,13 @@ def test_needle_in_one_query_head_is_kept_for_its_kv_head(impl) -> None:
 
 
 def test_density_counts_kept_blocks_over_the_causal_ones() -> None:
-    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+    from sglang_prefill_ext.ops.policy import SparsePrefill
 
     layout, qpool, kpool = _pooled((4, 2), 32, [48, 0], [40, 70])
     sparse = SparsePrefill(SparseSettings(block_size=BLOCK), attention=None)
     sparse.begin(layout, torch.arange(layout.num_context_tokens))
     keep_all = SparseSettings(block_size=BLOCK, threshold=0.0)
-    sparse.mask = select_blocks_torch(qpool, kpool, layout, keep_all, 1.0)
+    sparse.mask = select_pooled_torch(qpool, kpool, layout, keep_all, 1.0)
     assert sparse.density() == pytest.approx(1.0)
     only_diagonal = torch.zeros_like(sparse.mask)
     only_diagonal[:, torch.arange(layout.num_rows), layout.row_block.long()] = True
@@ -166,7 +164,7 @@ def test_density_counts_kept_blocks_over_the_causal_ones() -> None:
 def test_a_layout_denser_than_the_limit_is_declined_before_planning() -> None:
     """select_and_plan returns False and plans nothing (no attention object is even needed) when the
     selection keeps more than max_density of the causal blocks; a looser limit goes on to plan."""
-    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+    from sglang_prefill_ext.ops.policy import SparsePrefill
 
     layout = BlockLayout.build([0], [8 * BLOCK], BLOCK)
     gen = torch.Generator().manual_seed(1)

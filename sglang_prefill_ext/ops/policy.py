@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from .antidiagonal import Packing, antidiagonal_mass
 from .attention import BlockSparseAttention
 from .guard import kept_share, low_quantile
 from .layout import BlockLayout
 from .plan import build_plan_indices, device_plan_indices
-from .pooling import key_segments, pool_keys, pool_queries
-from .sampled import SampleGeometry, block_mass, row_mass, sample_geometry
-from .scoring import select_blocks, select_by_mass
+from .scorers.antidiagonal import Packing, antidiagonal_mass
+from .scorers.pooled import key_segments, pool_keys, pool_queries, select_pooled
+from .scorers.sampled import SampleGeometry, block_mass, row_mass, sample_geometry
+from .selection import select_by_mass
 from .settings import SparseSettings
 
 
@@ -132,7 +132,7 @@ class SparsePrefill:
     def _select_pooled(self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float) -> torch.Tensor:
         layout = self.layout
         kpool = pool_keys(k_buffer, key_segments(layout, self._locs))
-        return select_blocks(pool_queries(q, layout), kpool, layout, self.settings, sm_scale)
+        return select_pooled(pool_queries(q, layout), kpool, layout, self.settings, sm_scale)
 
     def plan(
         self,

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import FLOOR, triton_enabled
-from .layout import BlockLayout
+from ..dispatch import FLOOR, triton_enabled
+from ..layout import BlockLayout
 
 SCORE_BYTES = 1 << 29  # packed scores held at once per request (rows are processed in steps)
 
