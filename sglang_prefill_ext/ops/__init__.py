@@ -2,14 +2,15 @@
 sampled rows; pooled Q/K), mass selection, guard, FlashInfer plan and run.
 
 Plan once, run many (like FlashInfer's wrappers): one `SparsePrefill` per server, `begin` once per
-forward, `attend` per layer; a layer that selects plans, the later ones reuse the plan::
+forward, `attend` per layer (the policy: dense layers, per-layer selection or reuse of the first plan,
+decline; all from `SparseSettings`)::
 
     sparse = SparsePrefill.create(SparseSettings(), workspace)  # workspace: FlashInfer's float buffer
     layout = BlockLayout.build(prefix_lens, extend_lens, sparse.settings.block_size, device)
     sparse.begin(layout, context_locs(layout, req_to_token, req_pool_indices))
-    for index, (q, k_buffer, v_buffer) in enumerate(sparse_layers):  # K/V already in the pool
-        out = sparse.attend(q, k_buffer, v_buffer, sm_scale, layer=index, per_layer=True)
-        if out is None:  # declined: this layer and the later ones run dense
+    for index, (q, k_buffer, v_buffer) in enumerate(layers):  # this layer's K/V already in the pool
+        out = sparse.attend(q, k_buffer, v_buffer, sm_scale, layer=index)
+        if out is None:  # a dense layer, or declined: the caller's dense attention runs this layer
             ...
 
 The names below load on first use, so `ops.settings` (what `config` reads its sparse defaults from)

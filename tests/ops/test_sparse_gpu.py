@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from kvpool import assert_requests_match_sdpa, make_pool, request_kv, sdpa_reference
@@ -29,8 +31,9 @@ DEVICE = "cuda"
 
 
 def _sparse(settings: SparseSettings) -> SparsePrefill:
+    """The policy over `settings`, never declining for density (the tests compare what it runs)."""
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
-    return SparsePrefill(settings, BlockSparseAttention(workspace))
+    return SparsePrefill(dataclasses.replace(settings, max_density=1.0), BlockSparseAttention(workspace))
 
 
 def _run_chunk(
@@ -38,7 +41,7 @@ def _run_chunk(
 ) -> torch.Tensor:
     layout = BlockLayout.build(prefix, extend, sparse.settings.block_size, DEVICE)
     sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
-    return sparse.attend(q, pool.k, pool.v, q.shape[-1] ** -0.5, layer=0, per_layer=True)
+    return sparse.attend(q, pool.k, pool.v, q.shape[-1] ** -0.5, layer=0)
 
 
 SCENARIOS = {
