@@ -4,7 +4,7 @@ Every (mask head h, row block r) becomes one FlashInfer "request" with the query
 its query heads and one KV head: its query rows are rows h*N + row_q_start[r] .. of the head-major
 query tensor [Hm*N, Hq/Hm, D], and its KV "pages" are single tokens of a single head, i.e. the KV pool
 [T, Hkv, D] viewed without a copy as [T*Hkv, 1, 1, D], page index = loc*Hkv + KV head of h. A mask
-per KV head (Hm = Hkv) lets a KV head's G query heads share one layout; a mask per query head
+per KV head (Hm = Hkv) lets a KV head's G query heads share one set of kept blocks; a mask per query head
 (Hm = Hq) gives each its own, one query head per segment reading its KV head's pages. The kept blocks of
 the row are listed in increasing order (the diagonal last; see layout.py), each expanded to its
 tokens' page indices. The one device->host copy is kv_indptr ([Hm*R + 1] ints), which FlashInfer's

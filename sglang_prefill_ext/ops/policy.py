@@ -184,7 +184,7 @@ class SparsePrefill:
         max_density: float = 1.0,
         guard_layer: int | None = None,
     ) -> bool:
-        """Select this layer's blocks and plan them. With `max_density` < 1, a layout keeping more than
+        """Select this layer's blocks and plan them. With `max_density` < 1, a mask keeping more than
         that fraction of its causal blocks is declined: nothing is planned, False is returned; so is one
         that fails the guard (`guard_passes`) as sparse layer `guard_layer` (None: not checked)."""
         self.mask = self.select(q, k_buffer, sm_scale)
