@@ -106,14 +106,8 @@ class EmulatedPrefill(SparsePrefill):
         rule = select_by_layer_mass if self.oracle.per_layer else select_by_mass
         return rule(mass, self.layout, settings)
 
-    def plan(
-        self,
-        mask: torch.Tensor,
-        q: torch.Tensor,
-        sm_scale: float,
-        logits_soft_cap: float = 0.0,
-        num_kv_heads: int | None = None,
-    ) -> None:
+    def plan(self, mask: torch.Tensor, q: torch.Tensor, sm_scale: float, *_: object, **__: object) -> None:
+        """Keep the mask, and the scale `run` attends with: no FlashInfer plan."""
         self.mask, self._sm_scale, self.planned = mask, sm_scale, True
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
