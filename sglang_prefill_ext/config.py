@@ -239,20 +239,6 @@ class PrefillExtConfig:
         "New tokens that request must bring: cache hits and short follow-ups over a long prefix stay dense "
         "(for so few queries dense attention is cheaper than selecting and planning).",
     )
-    sparse_max_density: float = _option(
-        0.6,
-        "A batch whose first sparse layer selects more than this fraction of its causal key blocks is "
-        "declined: that layer (its K/V already written) and every later one run the backend's own dense "
-        "prefill, as stock does. FlashInfer's block-sparse kernel costs about 1.3 x density of a dense pass "
-        "on the H200, so a denser layout would not pay; 1 keeps every layout sparse.",
-        check=_fraction,
-    )
-    sparse_dense_layers: int = _option(0, "The first N layers always run dense attention.")
-    sparse_per_layer: bool = _option(
-        True,
-        "Select and plan in every sparse layer; false: once per forward at the first sparse layer, shared "
-        "by the rest.",
-    )
 
     def tree_eviction(self, sglang_policy: str) -> str:
         """The tree's policy: this option when given, else a non-default `--radix-eviction-policy`,

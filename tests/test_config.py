@@ -142,7 +142,7 @@ def test_choices_and_formats_refused(flag: str, text: str, error: str) -> None:
         ("--prefill-ext-sparse-sink-blocks", "-1", "=-1: sink_blocks, local_blocks and last_blocks must be"),
         ("--prefill-ext-dedup-min-tokens", "-1", "=-1: must be >= 0"),
         ("--prefill-ext-sparse-min-len", "-5", "=-5: must be >= 0"),
-        ("--prefill-ext-sparse-max-density", "1.5", "=1.5: must lie in [0, 1]"),
+        ("--prefill-ext-sparse-max-density", "1.5", "=1.5: max_density must lie in [0, 1], got 1.5"),
         ("--prefill-ext-sparse-guard", "1.5", "=1.5: guard must lie in [0, 1], got 1.5"),
         ("--prefill-ext-sparse-guard", "-0.1", "=-0.1: guard must lie in [0, 1], got -0.1"),
         ("--prefill-ext-sparse-guard-every", "-1", "=-1: guard_every must be >= 0, got -1"),
@@ -160,7 +160,7 @@ def test_values_in_range_accepted() -> None:
     argv += ["--prefill-ext-sparse-max-density", "1", "--prefill-ext-decode-adaptive-budget", "0"]
     config = PrefillExtConfig.from_options(getattr(parse(*argv), OPTIONS_DEST))
     assert (config.short_window_s, config.sparse_settings.threshold) == (-1.0, 0.0)
-    assert (config.sparse_max_density, config.decode_adaptive_budget) == (1.0, 0)
+    assert (config.sparse_settings.max_density, config.decode_adaptive_budget) == (1.0, 0)
 
 
 @pytest.mark.parametrize(("guard", "every"), [("0.5", "4"), ("1", "0"), ("0", "1")])

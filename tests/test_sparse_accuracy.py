@@ -3,6 +3,7 @@ attention is SDPA, and keeping every block is dense."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 
@@ -39,6 +40,12 @@ def _logits(model, tokens: torch.Tensor, name: str, attention) -> torch.Tensor:
         return model(tokens).logits[0]
 
 
+def _emulated(bench: ModuleType, settings, oracle=None):
+    """The bench's emulated policy over `settings`, its first layer dense, never declined for density."""
+    settings = dataclasses.replace(settings, dense_layers=1, max_density=1.0)
+    return bench.SparseAttention(bench.EmulatedPrefill(settings, oracle), emulate=True)
+
+
 def test_chunked_exact_attention_equals_sdpa(bench: ModuleType, model) -> None:
     tokens = torch.randint(0, 128, (1, LENGTH))
     sdpa = _logits(model, tokens, "sdpa", None)
@@ -47,12 +54,12 @@ def test_chunked_exact_attention_equals_sdpa(bench: ModuleType, model) -> None:
 
 
 def test_every_block_kept_gives_dense_logits(bench: ModuleType, model) -> None:
-    from sglang_prefill_ext.ops import SparsePrefill, SparseSettings
+    from sglang_prefill_ext.ops import SparseSettings
 
     tokens = torch.randint(0, 128, (1, LENGTH))
     dense = _logits(model, tokens, "test_exact", bench.exact_attention)
     settings = SparseSettings(block_size=BLOCK, scorer="pooled", threshold=0.0, per_query_head=False)
-    attention = bench.SparseAttention(SparsePrefill(settings, None), 1, per_layer=True, emulate=True)
+    attention = _emulated(bench, settings)
     sparse = _logits(model, tokens, "test_sparse", attention)
     torch.testing.assert_close(sparse, dense, atol=1e-5, rtol=1e-5)
     summary = bench.density_summary(attention.densities)
@@ -69,14 +76,12 @@ def test_every_block_kept_per_query_head_and_per_layer_gives_dense_logits(
 ) -> None:
     """A whole-mass oracle (per query block or per layer, per KV or query head) and a zero threshold
     per query head keep every causal block: the emulated forward is dense, one density per query head."""
-    from sglang_prefill_ext.ops import SparsePrefill
-
     config = bench.parse_config(spec)
     tokens = torch.randint(0, 128, (1, LENGTH))
     dense = _logits(model, tokens, "test_exact", bench.exact_attention)
     oracle = bench.Oracle(config.layer_mass) if config.scorer == "oracle" else None
     settings = config.settings(BLOCK, 2, 4)
-    attention = bench.SparseAttention(SparsePrefill(settings, None), 1, True, True, oracle=oracle)
+    attention = _emulated(bench, settings, oracle)
     torch.testing.assert_close(_logits(model, tokens, f"test_{spec}", attention), dense, atol=1e-5, rtol=1e-5)
     heads = bench.density_summary(attention.densities)["density_per_head"]
     assert all(h == [1.0] * (6 if config.per_query_head else 2) for h in heads.values())
@@ -85,15 +90,11 @@ def test_every_block_kept_per_query_head_and_per_layer_gives_dense_logits(
 def test_oracle_below_whole_mass_keeps_fewer_blocks(bench: ModuleType, model) -> None:
     """The per-layer rule at the same mass never keeps more pairs than it needs: its density at 0.5 is
     below 1 and the forward differs from dense."""
-    from sglang_prefill_ext.ops import SparsePrefill
-
     tokens = torch.randint(0, 128, (1, LENGTH))
     for spec in ("oracle:0.5", "oracle:0.5@layer", "oracle:0.5@q"):
         config = bench.parse_config(spec)
         settings = config.settings(BLOCK, 2, 0)
-        attention = bench.SparseAttention(
-            SparsePrefill(settings, None), 1, True, True, oracle=bench.Oracle(config.layer_mass)
-        )
+        attention = _emulated(bench, settings, bench.Oracle(config.layer_mass))
         _logits(model, tokens, f"test_{spec}", attention)
         assert bench.density_summary(attention.densities)["density"] < 1.0
 
@@ -148,14 +149,10 @@ def test_the_guard_is_reported_and_a_declined_forward_is_dense(
 ) -> None:
     """Guard 0.9, every sparse layer checked: keeping every block passes each with a statistic of 1; an oracle
     at mass 0.3 fails at the first sparse layer, whose forward then runs the exact dense attention."""
-    import dataclasses
-
-    from sglang_prefill_ext.ops import SparsePrefill
-
     config = bench.parse_config(spec)
     settings = dataclasses.replace(config.settings(BLOCK, 2, 0), guard=0.9, guard_every=1)
     oracle = bench.Oracle() if config.scorer == "oracle" else None
-    attention = bench.SparseAttention(SparsePrefill(settings, None), 1, True, True, oracle=oracle)
+    attention = _emulated(bench, settings, oracle)
     tokens = torch.randint(0, 128, (1, LENGTH))
     dense = _logits(model, tokens, "test_exact", bench.exact_attention)
     sparse = _logits(model, tokens, f"test_guard_{spec}", attention)

@@ -9,10 +9,11 @@ Loads an HF checkpoint (Qwen2.5-Coder-1.5B-Instruct or SmolLM2-135M, scripts/mod
 transformers and runs each prompt of `--length` tokens of real text (`bench/lib/real_text.py`) dense (torch SDPA,
 causal), then once per config with every layer from `--dense-layers` on attending through the policy the
 server runs (`SparsePrefill.attend`: one KV pool slot per position, selection and plan in every sparse
-layer, or with --shared once at the first; a first layout denser than --max-density declines the forward,
-which then runs dense, and so does a layer whose selection fails --guard, `SparseSettings.guard`). With --emulate the model runs in fp32 and every layer, dense reference included,
-through exact attention a chunk of queries at a time (ops/exact.py: nothing is L x L), the sparse layers
-over their kept blocks only: only the selection differs from dense (--tf32: TF32 matmuls in that attention,
+layer, or with --shared once at the first; a first selection denser than --max-density declines the forward,
+which then runs dense, and so does a layer whose selection fails --guard, `SparseSettings.guard`). With --emulate
+the model runs in fp32 and every layer, dense reference included, through exact attention a chunk of queries at
+a time (ops/exact.py: nothing is L x L), the sparse layers over their kept blocks only (`EmulatedPrefill`: the
+same policy, --max-density included, with exact attention in place of FlashInfer's): only the selection differs from dense (--tf32: TF32 matmuls in that attention,
 for 128K in minutes; dense and sparse share the rounding).
 
 Logits are computed from the final hidden states a chunk of positions at a time (128K x vocab never exists).
@@ -47,10 +48,9 @@ import torch.nn.functional as F
 from bench.accuracy import corpora
 from bench.accuracy.corpora import CORPORA
 from bench.lib.real_text import corpus_ids
-from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
-from sglang_prefill_ext.ops.scoring import largest_holding, mass_fraction, select_by_mass, structural_blocks
+from sglang_prefill_ext.ops.selection import largest_holding, mass_fraction, select_by_mass, structural_blocks
 
 TAIL_FROM = 1024
 LOGIT_ROWS = 4096  # positions per lm_head chunk: 4096 x 152K vocab fp32 is 2.5 GB
@@ -86,90 +86,77 @@ def select_by_layer_mass(mass: torch.Tensor, layout: BlockLayout, settings: Spar
     return chosen | structural_blocks(layout, settings, mass.device)[None]
 
 
-class SparseAttention:
-    """A transformers attention function: dense for the first layers, the serving policy
-    (`SparsePrefill.attend`) for the rest; a declined forward runs dense from its first sparse layer.
+class EmulatedPrefill(SparsePrefill):
+    """The serving policy with FlashInfer swapped out: planning keeps the mask, and running is exact fp32
+    attention over its kept blocks (`block_sparse_attention`), so only the selection differs from dense;
+    `oracle` selects from the exact attention."""
 
-    Emulated (fp32), every layer runs `block_sparse_attention` (the sparse ones over their kept
-    blocks), so only the selection differs from dense; `oracle` selects from the exact attention.
-    """
-
-    def __init__(
-        self,
-        sparse: SparsePrefill,
-        dense_layers: int,
-        per_layer: bool,
-        emulate: bool,
-        oracle: Oracle | None = None,
-        max_density: float = 1.0,
-    ):
-        self.sparse = sparse
+    def __init__(self, settings: SparseSettings, oracle: Oracle | None = None) -> None:
+        super().__init__(settings, None)
         self.oracle = oracle
-        self.dense_layers = dense_layers
-        self.per_layer = per_layer
+        self._sm_scale = 1.0
+
+    def select(self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float) -> torch.Tensor:
+        if self.oracle is None:
+            return super().select(q, k_buffer, sm_scale)
+        settings = self.settings
+        mass = exact_block_mass(
+            q, k_buffer, sm_scale, settings.block_size, per_query_head=settings.per_query_head
+        )
+        rule = select_by_layer_mass if self.oracle.per_layer else select_by_mass
+        return rule(mass, self.layout, settings)
+
+    def plan(self, mask: torch.Tensor, q: torch.Tensor, sm_scale: float, *_: object, **__: object) -> None:
+        """Keep the mask, and the scale `run` attends with: no FlashInfer plan."""
+        self.mask, self._sm_scale, self.planned = mask, sm_scale, True
+
+    def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
+        out = block_sparse_attention(
+            q, k_buffer, v_buffer, self._sm_scale, self.mask, self.settings.block_size
+        )
+        return out.to(q.dtype)
+
+
+class SparseAttention:
+    """A transformers attention function running the serving policy (`SparsePrefill.attend`: dense layers,
+    selection, per-layer reuse, decline) over one prompt; where it returns None the layer runs dense
+    (exact chunked attention with `emulate`, an `EmulatedPrefill`, else SDPA)."""
+
+    def __init__(self, sparse: SparsePrefill, emulate: bool) -> None:
+        self.sparse = sparse
         self.emulate = emulate
-        self.max_density = max_density
-        self.declined = False
         self.densities: list[dict[int, list[float]]] = []  # per forward: selecting layer -> per mask head
         self.guards: list[dict[int, float]] = []  # per forward: checked sparse layer -> guard statistic
 
     @property
-    def block_size(self) -> int:
-        return self.sparse.settings.block_size
+    def declined(self) -> bool:
+        """Whether the last forward was declined (ran dense from the layer that declined it)."""
+        return self.sparse.declined
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        first = module.layer_idx == self.dense_layers
-        if module.layer_idx < self.dense_layers or (self.declined and not first):
-            dense = exact_attention if self.emulate else sdpa_attention_forward
-            return dense(
-                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-            )
+        layer = module.layer_idx
         q, k, v = token_major(query, key, value)
-        length = q.shape[0]
-        if first:
-            layout = BlockLayout.build([0], [length], self.block_size, q.device)
+        if layer == 0:
+            length = q.shape[0]
+            layout = BlockLayout.build([0], [length], self.sparse.settings.block_size, q.device)
             self.sparse.begin(layout, torch.arange(length, device=q.device))
             self.densities.append({})
             self.guards.append({})
-            self.declined = False
-        select = first or self.per_layer
-        index = module.layer_idx - self.dense_layers
-        if self.emulate:
-            out = self._emulate(q, k, v, scaling, select, index)
-        else:
-            out = self.sparse.attend(
-                q, k, v, scaling, layer=index, per_layer=self.per_layer, max_density=self.max_density
-            )
-        if select:
-            self.densities[-1][module.layer_idx] = self.sparse.head_densities().tolist()
+        selects = self.sparse.takes(layer) and self.sparse.selects()
+        out = self.sparse.attend(q, k, v, scaling, layer=layer)
+        if selects:
+            self.densities[-1][layer] = self.sparse.head_densities().tolist()
+        index = self.sparse.sparse_index(layer)
         if index in self.sparse.guard_stats:
-            self.guards[-1][module.layer_idx] = self.sparse.guard_stats[index]
-        if out is None:  # declined: this layer and the later ones run dense
-            self.declined = True
+            self.guards[-1][layer] = self.sparse.guard_stats[index]
+        if out is None:  # a dense layer, or declined: this layer and the later ones run dense
             dense = exact_attention if self.emulate else sdpa_attention_forward
             return dense(
                 module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
             )
         return out.unsqueeze(0), None
-
-    def _emulate(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, select: bool, index: int
-    ) -> torch.Tensor | None:
-        """The layer's attention over its kept blocks, or None where the guard declines (`SparsePrefill.attend`'s
-        guard; --max-density is the kernel path's)."""
-        settings = self.sparse.settings
-        if select and self.oracle is not None:
-            mass = exact_block_mass(q, k, scaling, self.block_size, per_query_head=settings.per_query_head)
-            rule = select_by_layer_mass if self.oracle.per_layer else select_by_mass
-            self.sparse.mask = rule(mass, self.sparse.layout, settings)
-        elif select:
-            self.sparse.mask = self.sparse.select(q, k, scaling)
-        if self.sparse.guard_checks(index) and not self.sparse.guard_passes(q, k, scaling, index):
-            return None
-        out = block_sparse_attention(q, k, v, scaling, self.sparse.mask, self.block_size)
-        return out.to(q.dtype)
 
 
 class TextScores:
@@ -351,14 +338,14 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
     parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)
-    parser.add_argument("--dense-layers", type=int, default=PrefillExtConfig.sparse_dense_layers)
+    parser.add_argument("--dense-layers", type=int, default=SparseSettings.dense_layers)
     parser.add_argument("--block-size", type=int, default=SparseSettings.block_size)
     parser.add_argument(
         "--shared", action="store_true", help="select at the first sparse layer only, share it"
     )
     parser.add_argument(
         "--max-density", type=float, default=1.0,
-        help="the serving policy's decline: a first sparse layout denser than this runs the forward dense",
+        help="the serving policy's decline: a first sparse selection denser than this runs the forward dense",
     )  # fmt: skip
     parser.add_argument(
         "--guard", type=float, default=SparseSettings.guard,
@@ -406,13 +393,16 @@ def main() -> None:
         if config.scorer == "oracle" and not emulate:
             parser.error("oracle:MASS needs --emulate (it reads the exact attention)")
         settings = dataclasses.replace(
-            config.settings(a.block_size, a.samples, a.local_blocks), guard=a.guard, guard_every=a.guard_every
+            config.settings(a.block_size, a.samples, a.local_blocks),
+            guard=a.guard,
+            guard_every=a.guard_every,
+            dense_layers=a.dense_layers,
+            per_layer=not a.shared,
+            max_density=a.max_density,
         )
-        sparse = SparsePrefill(settings, None) if emulate else SparsePrefill.create(settings, workspace)
         oracle = Oracle(per_layer=config.layer_mass) if config.scorer == "oracle" else None
-        attentions[config.text] = SparseAttention(
-            sparse, a.dense_layers, not a.shared, emulate, oracle=oracle, max_density=a.max_density
-        )
+        sparse = EmulatedPrefill(settings, oracle) if emulate else SparsePrefill.create(settings, workspace)
+        attentions[config.text] = SparseAttention(sparse, emulate)
     if a.corpus is None:
         ids = corpus_ids(tokenizer, a.prompts * a.length)
     else:

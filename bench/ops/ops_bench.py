@@ -459,7 +459,7 @@ def table(rows: list[dict], ceiling: float) -> str:
     )
     lines.append(
         "per_layer_overhead: (select + plan) / attention, the cost of selecting in every layer, not once; "
-        f"shared_ms: attention + (select + plan) / {SPARSE_LAYERS}, one layout shared by {SPARSE_LAYERS} layers."
+        f"shared_ms: attention + (select + plan) / {SPARSE_LAYERS}, one mask (kept blocks) shared by {SPARSE_LAYERS} layers."
     )
     lines.append(
         "plan_ms: indices + direct FlashInfer planner call (what runs); indices_ms: the index building "

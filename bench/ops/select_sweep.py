@@ -4,7 +4,7 @@
 
 On ops_bench's synthetic Q/K (32 q / 8 KV heads, head_dim 128, bf16): the sampled scorer's block
 mass (`block_mass_triton`: rows per program x key blocks per program x warps) and the pooled scorer's
-selection kernel (`select_blocks_triton`: key blocks per step x warps), each config checked against
+selection kernel (`select_pooled_triton`: key blocks per step x warps), each config checked against
 the default config's output; plus the parts around them (query/key pooling, the mass epilogue's torch
 ops). Median CUDA-event milliseconds after a warm-up.
 """
@@ -20,9 +20,8 @@ import torch
 
 from bench.ops.ops_bench import BLOCK, DEV, D, structured_qkv, timed
 from sglang_prefill_ext.ops import BlockLayout, SparseSettings
-from sglang_prefill_ext.ops.pooling import key_segments, pool_keys, pool_queries
-from sglang_prefill_ext.ops.sampled import block_mass_triton
-from sglang_prefill_ext.ops.scoring import select_blocks_triton
+from sglang_prefill_ext.ops.scorers.pooled import key_segments, pool_keys, pool_queries, select_pooled_triton
+from sglang_prefill_ext.ops.scorers.sampled import block_mass_triton
 
 
 def main() -> None:
@@ -64,7 +63,7 @@ def main() -> None:
     qpool, kpool = pool_queries(q, layout), pool_keys(k, key_segments(layout, locs))
 
     def select(**kw):
-        return select_blocks_triton(qpool, kpool, layout, settings, scale, **kw)
+        return select_pooled_triton(qpool, kpool, layout, settings, scale, **kw)
 
     configs = [dict(block_cols=c, num_warps=w) for c, w in itertools.product((32, 64, 128, 256), (2, 4, 8))]
     sweep("pooled_select", select, select(), configs)

@@ -3,7 +3,7 @@
 The kernel FlashInfer's `VariableBlockSparseAttentionWrapper` runs, fed directly: no per-layer
 copy of K/V into a head-major layout (the pool is viewed as one-token, one-head pages, see plan.py),
 only the queries are moved to head-major order and the output back. The plan (FlashInfer's host-side
-work split) is made once and can be run by every layer that shares the layout.
+work split) is made once and can be run by every layer that keeps the same blocks (the same mask).
 """
 
 from __future__ import annotations

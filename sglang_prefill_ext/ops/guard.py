@@ -1,6 +1,6 @@
 """The guard: how much of their exact attention sampled query rows find in a layer's kept blocks.
 
-For the rows `sampled.py` samples (`samples` per query block: its last, then evenly back to its first),
+For the rows `scorers/sampled.py` samples (`samples` per query block: its last, then evenly back to its first),
 every query head's exact softmax over all its causal keys (`row_mass`) is summed over the key blocks
 the layer's selection keeps for that head (its own blocks per query head, else its KV head's): the
 kept share of the row, 1 when nothing it attends to was dropped. The layer's statistic is the

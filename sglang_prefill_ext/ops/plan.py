@@ -4,7 +4,7 @@ Every (mask head h, row block r) becomes one FlashInfer "request" with the query
 its query heads and one KV head: its query rows are rows h*N + row_q_start[r] .. of the head-major
 query tensor [Hm*N, Hq/Hm, D], and its KV "pages" are single tokens of a single head, i.e. the KV pool
 [T, Hkv, D] viewed without a copy as [T*Hkv, 1, 1, D], page index = loc*Hkv + KV head of h. A mask
-per KV head (Hm = Hkv) lets a KV head's G query heads share one layout; a mask per query head
+per KV head (Hm = Hkv) lets a KV head's G query heads share one set of kept blocks; a mask per query head
 (Hm = Hq) gives each its own, one query head per segment reading its KV head's pages. The kept blocks of
 the row are listed in increasing order (the diagonal last; see layout.py), each expanded to its
 tokens' page indices. The one device->host copy is kv_indptr ([Hm*R + 1] ints), which FlashInfer's
@@ -25,8 +25,10 @@ from .layout import BlockLayout
 
 @dataclasses.dataclass(frozen=True)
 class PlanIndices:
-    qo_indptr: torch.Tensor  # [Hkv*R + 1] int32, host
-    kv_indptr: torch.Tensor  # [Hkv*R + 1] int32, host
+    """One segment per (mask head, row block); Hm mask heads: query heads (the default) or KV heads."""
+
+    qo_indptr: torch.Tensor  # [Hm*R + 1] int32, host
+    kv_indptr: torch.Tensor  # [Hm*R + 1] int32, host
     kv_indices: torch.Tensor  # [nnz tokens] int32, device
 
     @property
@@ -104,16 +106,19 @@ def _row_tokens_kernel(
     tl.store(out_ptr + seg, tl.sum(total, 0))
 
 
-def _device_kv_indptr(mask: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
-    """kv_indptr [Hm*R + 1] int32 of a mask's segments, on its device: each (mask head, row)'s kept tokens."""
+def _device_kv_indptr_torch(mask: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     num_mask_heads, num_rows, num_cols = mask.shape
     kv_indptr = torch.zeros(num_mask_heads * num_rows + 1, dtype=torch.int32, device=mask.device)
-    if not triton_enabled(mask):
-        cols = torch.arange(num_cols, device=mask.device)
-        key = (layout.row_key_offset.long()[:, None] + cols[None, :]).clamp_max(layout.num_key_blocks - 1)
-        counts = torch.where(mask, layout.key_len[key][None], 0).sum(-1, dtype=torch.int32)
-        torch.cumsum(counts.view(-1), 0, out=kv_indptr[1:])
-        return kv_indptr
+    cols = torch.arange(num_cols, device=mask.device)
+    key = (layout.row_key_offset.long()[:, None] + cols[None, :]).clamp_max(layout.num_key_blocks - 1)
+    counts = torch.where(mask, layout.key_len[key][None], 0).sum(-1, dtype=torch.int32)
+    torch.cumsum(counts.view(-1), 0, out=kv_indptr[1:])
+    return kv_indptr
+
+
+def _device_kv_indptr_triton(mask: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    num_mask_heads, num_rows, num_cols = mask.shape
+    kv_indptr = torch.zeros(num_mask_heads * num_rows + 1, dtype=torch.int32, device=mask.device)
     counts = torch.empty(num_mask_heads * num_rows, dtype=torch.int32, device=mask.device)
     _row_tokens_kernel[(counts.numel(),)](
         mask.contiguous().view(torch.int8),
@@ -127,6 +132,12 @@ def _device_kv_indptr(mask: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     )
     torch.cumsum(counts, 0, out=kv_indptr[1:])
     return kv_indptr
+
+
+def _device_kv_indptr(mask: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    """kv_indptr [Hm*R + 1] int32 of a mask's segments, on its device: each (mask head, row)'s kept tokens."""
+    impl = _device_kv_indptr_triton if triton_enabled(mask) else _device_kv_indptr_torch
+    return impl(mask, layout)
 
 
 def _expand_rows(
@@ -159,7 +170,17 @@ def _expand_rows(
     return out
 
 
-def _torch_plan_indices(
+def _plan_indices_triton(
+    mask: torch.Tensor, layout: BlockLayout, locs: torch.Tensor, num_kv_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_indptr (host, the one read-back) and kv_indices, expanded by `_expand_rows`."""
+    device_indptr = _device_kv_indptr(mask, layout)
+    kv_indptr = device_indptr.cpu()
+    out = torch.empty(int(kv_indptr[-1]), dtype=torch.int32, device=mask.device)
+    return kv_indptr, _expand_rows(mask, layout, locs, num_kv_heads, device_indptr, out)
+
+
+def _plan_indices_torch(
     mask: torch.Tensor, layout: BlockLayout, locs: torch.Tensor, num_kv_heads: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """kv_indptr (host) and kv_indices without Triton: the kept blocks by `nonzero`, expanded in torch."""
@@ -187,13 +208,8 @@ def build_plan_indices(
     head: Hm a multiple of the pool's `num_kv_heads`, default Hm) and the context's KV slots."""
     num_mask_heads = mask.shape[0]
     num_kv_heads = num_kv_heads or num_mask_heads
-    if triton_enabled(mask):
-        device_indptr = _device_kv_indptr(mask, layout)
-        kv_indptr = device_indptr.cpu()
-        out = torch.empty(int(kv_indptr[-1]), dtype=torch.int32, device=mask.device)
-        kv_indices = _expand_rows(mask, layout, locs, num_kv_heads, device_indptr, out)
-    else:
-        kv_indptr, kv_indices = _torch_plan_indices(mask, layout, locs, num_kv_heads)
+    impl = _plan_indices_triton if triton_enabled(mask) else _plan_indices_torch
+    kv_indptr, kv_indices = impl(mask, layout, locs, num_kv_heads)
     n = layout.num_tokens
     starts = layout.row_q_start_host.long()
     qo = torch.cat([h * n + starts for h in range(num_mask_heads)] + [torch.tensor([num_mask_heads * n])])

@@ -1,4 +1,5 @@
-"""What the block selection keeps: the knobs of the sparse layout, free of any serving framework."""
+"""The sparse policy's knobs, free of any serving framework: which layers go sparse, what the selection
+keeps, when a batch is declined, and how often a forward selects and plans."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ class SparseSettings:
     diagonal), the diagonal itself, the query block is one of the prompt's last `last_blocks`, or the
     scorer picks it. Scorer "sampled": the block is among the fewest, largest blocks holding the mass
     fraction (`mass`, lowered by `mass_decay` per doubling of the whole prompt beyond `mass_len`) of
-    the row's attention as estimated from `samples` exact query rows per block and head (sampled.py).
+    the row's attention as estimated from `samples` exact query rows per block and head (scorers/sampled.py).
     Scorer "antidiagonal": the same rule on the mass estimated from antidiagonal sums of `stride` x
-    `stride` tiles of QK^T (antidiagonal.py).
+    `stride` tiles of QK^T (scorers/antidiagonal.py).
     Scorer "pooled": its pooled score reaches `threshold` x the row's best for some query head of the
     KV head's group. Scorer "hybrid": either rule keeps it. With `per_query_head` every query head
     gets its own blocks (its own sampled mass, its own pooled score) instead of one set per KV head.
@@ -106,6 +107,19 @@ class SparseSettings:
         "With --prefill-ext-sparse-guard: also check every N-th sparse layer after the first (a decline there "
         "leaves the layers before it sparse; each check costs what the first does); 0: the first sparse layer only.",
     )
+    dense_layers: int = _setting(0, "The first N layers always run dense attention.")
+    max_density: float = _setting(
+        0.6,
+        "A batch whose first sparse layer selects more than this fraction of its causal key blocks is "
+        "declined: that layer (its K/V already written) and every later one run the backend's own dense "
+        "prefill, as stock does. FlashInfer's block-sparse kernel costs about 1.3 x density of a dense pass "
+        "on the H200, so a denser selection would not pay; 1 keeps every batch sparse.",
+    )
+    per_layer: bool = _setting(
+        True,
+        "Select and plan in every sparse layer; false: once per forward at the first sparse layer, shared "
+        "by the rest.",
+    )
     plan_once: bool = _setting(
         True,
         "Plan FlashInfer once per forward, at its first sparse layer; every later layer writes only its kept "
@@ -136,6 +150,10 @@ class SparseSettings:
             raise ValueError(f"guard must lie in [0, 1], got {self.guard}")
         if self.guard_every < 0:
             raise ValueError(f"guard_every must be >= 0, got {self.guard_every}")
+        if not 0.0 <= self.max_density <= 1.0:
+            raise ValueError(f"max_density must lie in [0, 1], got {self.max_density}")
+        if self.dense_layers < 0:
+            raise ValueError(f"dense_layers must be >= 0, got {self.dense_layers}")
         if min(self.sink_blocks, self.local_blocks, self.last_blocks) < 0:
             raise ValueError("sink_blocks, local_blocks and last_blocks must be >= 0")
 

@@ -6,8 +6,10 @@ import pytest
 import torch
 from kvpool import scattered_batch
 
-from sglang_prefill_ext.ops import antidiagonal
-from sglang_prefill_ext.ops.antidiagonal import (
+from sglang_prefill_ext.ops.layout import BlockLayout
+from sglang_prefill_ext.ops.policy import SparsePrefill
+from sglang_prefill_ext.ops.scorers import antidiagonal
+from sglang_prefill_ext.ops.scorers.antidiagonal import (
     PackedRows,
     antidiagonal_mass,
     block_lse_torch,
@@ -16,10 +18,8 @@ from sglang_prefill_ext.ops.antidiagonal import (
     tile_mass_torch,
     tile_mass_triton,
 )
-from sglang_prefill_ext.ops.layout import BlockLayout
-from sglang_prefill_ext.ops.scoring import select_by_mass
+from sglang_prefill_ext.ops.selection import select_by_mass
 from sglang_prefill_ext.ops.settings import SparseSettings
-from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
 
 BLOCK = 16
 

@@ -6,10 +6,11 @@ import pytest
 import torch
 from kvpool import scattered_batch
 
-from sglang_prefill_ext.ops import sparse_prefill
+from sglang_prefill_ext.ops import policy
 from sglang_prefill_ext.ops.guard import kept_share, low_quantile
 from sglang_prefill_ext.ops.layout import BlockLayout
-from sglang_prefill_ext.ops.sampled import (
+from sglang_prefill_ext.ops.policy import SparsePrefill
+from sglang_prefill_ext.ops.scorers.sampled import (
     block_mass_torch,
     block_mass_triton,
     row_mass_torch,
@@ -17,7 +18,6 @@ from sglang_prefill_ext.ops.sampled import (
     sample_offsets,
 )
 from sglang_prefill_ext.ops.settings import GUARD_QUANTILE, SparseSettings
-from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
 
 BLOCK = 16
 SCALE = 32**-0.5
@@ -134,7 +134,9 @@ def _causal(layout: BlockLayout, heads: int) -> torch.Tensor:
 def test_a_dropped_needle_declines_and_keeping_every_block_does_not(per_query_head: bool) -> None:
     layout, q, k_buffer, locs = _needle_batch(needle_row=9, needle_block=2)
     heads = 4 if per_query_head else 2
-    settings = SparseSettings(block_size=BLOCK, scorer="sampled", per_query_head=per_query_head, guard=0.9)
+    settings = SparseSettings(
+        block_size=BLOCK, scorer="sampled", per_query_head=per_query_head, guard=0.9, max_density=1.0
+    )
     attention = RecordingAttention()
     sparse = SparsePrefill(settings, attention)
     everything = _causal(layout, heads)
@@ -143,27 +145,29 @@ def test_a_dropped_needle_declines_and_keeping_every_block_does_not(per_query_he
     for mask, declined in ((without_needle, True), (everything, False)):
         sparse.begin(layout, locs)
         sparse.select = _forced(mask)
-        out = sparse.attend(q, k_buffer, k_buffer, SCALE, layer=0, per_layer=True)
+        out = sparse.attend(q, k_buffer, k_buffer, SCALE, layer=0)
         assert (out is None) == declined
         assert torch.equal(sparse.mask, mask)
     # the needle's rows held most of their attention in the dropped block: the statistic is low
     assert attention.plans == 1
     sparse.begin(layout, locs)
     sparse.select = _forced(without_needle)
-    sparse.attend(q, k_buffer, k_buffer, SCALE, layer=0, per_layer=True)
+    sparse.attend(q, k_buffer, k_buffer, SCALE, layer=0)
     assert sparse.guard_stat < 0.5
     sparse.begin(layout, locs)
     sparse.select = _forced(everything)
-    sparse.attend(q, k_buffer, k_buffer, SCALE, layer=0, per_layer=True)
+    sparse.attend(q, k_buffer, k_buffer, SCALE, layer=0)
     assert sparse.guard_stat == pytest.approx(1.0, abs=1e-5)
 
 
 def test_the_real_selection_at_mass_1_keeps_the_needle_and_passes() -> None:
     layout, q, k_buffer, locs = _needle_batch(needle_row=9, needle_block=2)
-    settings = SparseSettings(block_size=BLOCK, scorer="antidiagonal", stride=4, mass=1.0, guard=0.9)
+    settings = SparseSettings(
+        block_size=BLOCK, scorer="antidiagonal", stride=4, mass=1.0, guard=0.9, max_density=1.0
+    )
     sparse = SparsePrefill(settings, RecordingAttention())
     sparse.begin(layout, locs)
-    assert sparse.attend(q, k_buffer, k_buffer, SCALE, layer=0, per_layer=True) is not None
+    assert sparse.attend(q, k_buffer, k_buffer, SCALE, layer=0) is not None
     assert sparse.guard_stats == {0: pytest.approx(1.0, abs=1e-5)}
 
 
@@ -174,7 +178,9 @@ def test_later_layers_are_checked_every_n_and_a_shared_plan_is_measured_against_
     _, seeking, _, _ = _needle_batch(needle_row=9, needle_block=2)
     quiet = quiet.clone()
     quiet[9 * BLOCK : 10 * BLOCK] = 0.0  # layer 0: the needle's rows attend evenly
-    settings = SparseSettings(block_size=BLOCK, scorer="sampled", guard=0.5, guard_every=2)
+    settings = SparseSettings(
+        block_size=BLOCK, scorer="sampled", guard=0.5, guard_every=2, max_density=1.0, per_layer=False
+    )
     sparse = SparsePrefill(settings, RecordingAttention())
     assert [sparse.guard_checks(layer) for layer in range(5)] == [True, False, True, False, True]
     mask = _causal(layout, 2)
@@ -182,8 +188,7 @@ def test_later_layers_are_checked_every_n_and_a_shared_plan_is_measured_against_
     sparse.begin(layout, locs)
     sparse.select = _forced(mask)
     outs = [
-        sparse.attend(q, k_buffer, k_buffer, SCALE, layer=i, per_layer=False)
-        for i, q in enumerate((quiet, seeking, seeking))
+        sparse.attend(q, k_buffer, k_buffer, SCALE, layer=i) for i, q in enumerate((quiet, seeking, seeking))
     ]
     assert outs[0] is not None and outs[1] is not None and outs[2] is None
     assert sorted(sparse.guard_stats) == [0, 2]
@@ -192,11 +197,11 @@ def test_later_layers_are_checked_every_n_and_a_shared_plan_is_measured_against_
 
 def test_a_density_decline_comes_first_and_computes_no_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     layout, q, k_buffer, locs = _needle_batch(needle_row=None, needle_block=0)
-    monkeypatch.setattr(sparse_prefill, "row_mass", _never)
-    sparse = SparsePrefill(SparseSettings(block_size=BLOCK, guard=0.9), RecordingAttention())
+    monkeypatch.setattr(policy, "row_mass", _never)
+    sparse = SparsePrefill(SparseSettings(block_size=BLOCK, guard=0.9, max_density=0.5), RecordingAttention())
     sparse.begin(layout, locs)
     sparse.select = _forced(_causal(layout, 4))
-    assert sparse.attend(q, k_buffer, k_buffer, SCALE, layer=0, per_layer=True, max_density=0.5) is None
+    assert sparse.attend(q, k_buffer, k_buffer, SCALE, layer=0) is None
     assert sparse.guard_stats == {} and sparse.guard_stat is None
 
 
@@ -215,18 +220,38 @@ def test_off_computes_nothing_and_plans_what_it_always_did(
     for guard in (0.0, 1e-9):
         attention = RecordingAttention()
         sparse = SparsePrefill(
-            SparseSettings(block_size=BLOCK, stride=4, guard=guard, guard_every=1), attention
+            SparseSettings(
+                block_size=BLOCK, stride=4, guard=guard, guard_every=1, max_density=1.0, per_layer=per_layer
+            ),
+            attention,
         )
         sparse.begin(layout, locs)
         masks[guard] = []
         with monkeypatch.context() as patch:
             if guard == 0.0:
-                patch.setattr(sparse_prefill, "row_mass", _never)
+                patch.setattr(policy, "row_mass", _never)
             for i in range(3):
-                out = sparse.attend(q * (1 + i), k_buffer, k_buffer, SCALE, layer=i, per_layer=per_layer)
+                out = sparse.attend(q * (1 + i), k_buffer, k_buffer, SCALE, layer=i)
                 assert out is not None
                 masks[guard].append(sparse.mask.clone())
         assert len(sparse.guard_stats) == (0 if guard == 0.0 else 3)
         plans[guard] = attention.plans
     assert plans[0.0] == plans[1e-9] == (3 if per_layer else 1)
     assert all(torch.equal(a, b) for a, b in zip(masks[0.0], masks[1e-9], strict=True))
+
+
+def test_the_policy_runs_the_dense_layers_dense_and_a_declined_forward_dense_from_there() -> None:
+    """`attend` decides: layers before `dense_layers` return None without selecting; the first sparse layer
+    declines a too-dense selection, and every later layer of that forward is dense too, until `begin`."""
+    layout, q, k_buffer, locs = _needle_batch(needle_row=9, needle_block=2)
+    attention = RecordingAttention()
+    settings = SparseSettings(block_size=BLOCK, dense_layers=2, max_density=0.0, per_layer=False)
+    sparse = SparsePrefill(settings, attention)
+    sparse.begin(layout, locs)
+    assert [sparse.attend(q, k_buffer, k_buffer, SCALE, layer=i) for i in range(2)] == [None, None]
+    assert sparse.mask is None and not sparse.declined
+    assert sparse.takes(2) and sparse.attend(q, k_buffer, k_buffer, SCALE, layer=2) is None
+    assert sparse.declined and sparse.mask is not None and not sparse.takes(3)
+    assert sparse.attend(q, k_buffer, k_buffer, SCALE, layer=3) is None
+    sparse.begin(layout, locs)
+    assert not sparse.declined and sparse.takes(2)

@@ -24,19 +24,19 @@ def test_a_dropped_needle_declines_before_flashinfer_and_keeping_everything_runs
     needle = 16.0 * needle / needle.norm()
     q[row * 128 : (row + 1) * 128] += needle.bfloat16()
     pool.k[pool.req_to_token[pool.req_pool_indices[0], block * 128 + 77].long()] += needle.bfloat16()
-    settings = SparseSettings(scorer="antidiagonal", mass=1.0, guard=0.9)
+    settings = SparseSettings(scorer="antidiagonal", mass=1.0, guard=0.9, max_density=1.0)
     sparse = SparsePrefill(
         settings, BlockSparseAttention(torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE))
     )
     layout = BlockLayout.build([0], [total], 128, DEVICE)
     locs = context_locs(layout, pool.req_to_token, pool.req_pool_indices)
     sparse.begin(layout, locs)
-    out = sparse.attend(q, pool.k, pool.v, head_dim**-0.5, layer=0, per_layer=True)
+    out = sparse.attend(q, pool.k, pool.v, head_dim**-0.5, layer=0)
     assert out is not None and sparse.guard_stat == pytest.approx(1.0, abs=1e-3)
     assert_requests_match_sdpa(out, q, pool, [0], [total])
     dropped = sparse.mask.clone()
     dropped[:, row, block] = False
     sparse.begin(layout, locs)
     sparse.select = lambda q, k_buffer, sm_scale: dropped
-    assert sparse.attend(q, pool.k, pool.v, head_dim**-0.5, layer=0, per_layer=True) is None
+    assert sparse.attend(q, pool.k, pool.v, head_dim**-0.5, layer=0) is None
     assert sparse.guard_stat < 0.5 and not sparse.planned

@@ -338,8 +338,8 @@ def test_plan_once_plans_the_first_sparse_layer_and_swaps_indices_after(
 ) -> None:
     """With `plan_once` the forward's first plan is reusable (fa2: the KV split off); a later layer only
     writes its own indices (the host plan's, built on the device); the next forward plans again."""
+    from sglang_prefill_ext.ops.policy import SparsePrefill
     from sglang_prefill_ext.ops.settings import SparseSettings
-    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
 
     _, layout, locs, q = _setup([37, 0], [60, 45], 1, (8, 2))
     sparse = SparsePrefill(SparseSettings(block_size=BLOCK, plan_once=True), _attention("fa2"))

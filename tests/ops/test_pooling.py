@@ -6,7 +6,7 @@ import torch
 from kvpool import make_pool
 
 from sglang_prefill_ext.ops.layout import BlockLayout, context_locs
-from sglang_prefill_ext.ops.pooling import (
+from sglang_prefill_ext.ops.scorers.pooled import (
     key_segments,
     pool_queries,
     query_segments,

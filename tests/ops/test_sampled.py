@@ -7,13 +7,13 @@ import torch
 from kvpool import scattered_batch
 
 from sglang_prefill_ext.ops.layout import BlockLayout
-from sglang_prefill_ext.ops.sampled import (
+from sglang_prefill_ext.ops.scorers.sampled import (
     block_mass_torch,
     block_mass_triton,
     row_tiles,
     sample_offsets,
 )
-from sglang_prefill_ext.ops.scoring import select_by_mass, structural_blocks
+from sglang_prefill_ext.ops.selection import select_by_mass, structural_blocks
 from sglang_prefill_ext.ops.settings import SparseSettings
 
 BLOCK = 16
@@ -105,7 +105,7 @@ def test_a_needle_read_by_one_query_head_is_kept_for_its_kv_head(impl) -> None:
 
 
 def test_hybrid_keeps_the_union_of_both_scorers() -> None:
-    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+    from sglang_prefill_ext.ops.policy import SparsePrefill
 
     layout, q, k_buffer, locs = _batch((4, 2), 16, [16 * 2], [16 * 12], seed=5)
     masks = {}
@@ -118,7 +118,7 @@ def test_hybrid_keeps_the_union_of_both_scorers() -> None:
 
 
 def test_the_kernel_geometry_is_built_once_per_layout_and_shared_by_layers() -> None:
-    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+    from sglang_prefill_ext.ops.policy import SparsePrefill
 
     layout, q, k_buffer, locs = _batch((8, 2), 32, [16 * 3, 0], [16 * 7, 50], seed=2)
     sparse = SparsePrefill(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from kvpool import assert_requests_match_sdpa, make_pool, request_kv, sdpa_reference
@@ -9,28 +11,29 @@ from kvpool import assert_requests_match_sdpa, make_pool, request_kv, sdpa_refer
 from sglang_prefill_ext.ops import BlockLayout, BlockSparseAttention, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.guard import kept_share
 from sglang_prefill_ext.ops.layout import context_locs
-from sglang_prefill_ext.ops.pooling import (
+from sglang_prefill_ext.ops.scorers.pooled import (
     key_segments,
     pool_keys,
     pool_queries,
     query_segments,
     segment_mean_torch,
+    select_pooled_torch,
 )
-from sglang_prefill_ext.ops.sampled import (
+from sglang_prefill_ext.ops.scorers.sampled import (
     block_mass_torch,
     block_mass_triton,
     row_mass_torch,
     row_mass_triton,
 )
-from sglang_prefill_ext.ops.scoring import select_blocks_torch
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
 
 
 def _sparse(settings: SparseSettings) -> SparsePrefill:
+    """The policy over `settings`, never declining for density (the tests compare what it runs)."""
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE)
-    return SparsePrefill(settings, BlockSparseAttention(workspace))
+    return SparsePrefill(dataclasses.replace(settings, max_density=1.0), BlockSparseAttention(workspace))
 
 
 def _run_chunk(
@@ -38,7 +41,7 @@ def _run_chunk(
 ) -> torch.Tensor:
     layout = BlockLayout.build(prefix, extend, sparse.settings.block_size, DEVICE)
     sparse.begin(layout, context_locs(layout, pool.req_to_token, pool.req_pool_indices))
-    return sparse.attend(q, pool.k, pool.v, q.shape[-1] ** -0.5, layer=0, per_layer=True)
+    return sparse.attend(q, pool.k, pool.v, q.shape[-1] ** -0.5, layer=0)
 
 
 SCENARIOS = {
@@ -167,7 +170,7 @@ def test_triton_pooling_and_selection_match_torch_on_gpu() -> None:
     sparse = _sparse(settings)
     sparse.begin(layout, locs)
     got = sparse.select(q, pool.k, 0.5)
-    want = select_blocks_torch(qpool, kpool, layout, settings, 0.5)
+    want = select_pooled_torch(qpool, kpool, layout, settings, 0.5)
     assert float((got != want).float().mean()) < 1e-3
 
 

@@ -3,7 +3,7 @@ Hopper) with the extension's extend path (`attention.py`).
 
 The path needs nothing of fa3's own metadata: fa3 reads K/V through a page table built from the same
 `req_to_token` rows and pool the path reads (`[slots, Hkv, D]` per layer, slot = page * page_size +
-offset), so the block-sparse layout is planned over the pool exactly as under FlashInfer. What fa3 lacks
+offset), so the kept blocks are planned over the pool exactly as under FlashInfer. What fa3 lacks
 is FlashInfer's float workspace for those plans: the subclass takes the process's shared
 "flashinfer_workspace" buffer (the one SGLang's FlashInfer backend allocates), so that exists once.
 """
@@ -19,8 +19,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.runtime_context import get_buffer
 
 from sglang_prefill_ext.adapters.v0_5_17.attention import PrefillExtAttention, sparse_config
-from sglang_prefill_ext.adapters.v0_5_17.extend_path import HALF_DTYPES
-from sglang_prefill_ext.adapters.v0_5_17.sparse import SparseExtend
+from sglang_prefill_ext.adapters.v0_5_17.sparse import HALF_DTYPES, SparseExtend
 from sglang_prefill_ext.config import PrefillExtConfig
 
 if TYPE_CHECKING:

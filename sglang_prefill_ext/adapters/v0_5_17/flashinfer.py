@@ -9,8 +9,7 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sglang_prefill_ext.adapters.v0_5_17.attention import PrefillExtAttention, sparse_config
-from sglang_prefill_ext.adapters.v0_5_17.extend_path import HALF_DTYPES
-from sglang_prefill_ext.adapters.v0_5_17.sparse import SparseExtend
+from sglang_prefill_ext.adapters.v0_5_17.sparse import HALF_DTYPES, SparseExtend
 from sglang_prefill_ext.config import PrefillExtConfig
 
 if TYPE_CHECKING:

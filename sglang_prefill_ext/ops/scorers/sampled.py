@@ -4,7 +4,7 @@ For every query block (row) a few query positions are sampled (`samples`: the la
 then evenly spread back to its first); each sampled row of every query head of a KV head's group
 attends exactly, with softmax over all its causal keys, and its weight is summed per key block. The
 mass of key block c for row r and KV head h is the mean of those sums over the group's heads and
-the samples: mass[h, r, c] in [0, 1], each row summing to 1. Pooled means (scoring.py) average a
+the samples: mass[h, r, c] in [0, 1], each row summing to 1. Pooled means (pooled.py) average a
 spiky key away; exact rows of real queries do not, and cost samples x group / block_size of dense
 QK^T (no PV). Keys are read from the KV pool through `locs`, so a cached prefix costs no extra pass.
 
@@ -12,7 +12,7 @@ The kernel takes up to `ROW_BLOCKS` consecutive rows of one request and `CHUNK_C
 per program, so each key tile read from the pool serves all those rows and long rows spread over
 many programs; it writes every sampled row's log-sum-exp per key block. Normalising over the key
 blocks and averaging over the samples and heads is then a few torch ops; `row_mass` stops before the
-mean, each sampled row of each query head on its own (what the guard, guard.py, reads).
+mean, each sampled row of each query head on its own (what the guard, ../guard.py, reads).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import triton_enabled
-from .layout import BlockLayout
+from ..dispatch import FLOOR, triton_enabled
+from ..layout import BlockLayout
 
-_FLOOR = tl.constexpr(-1.0e30)
+_FLOOR = tl.constexpr(FLOOR)
 _LN2 = tl.constexpr(0.6931471805599453)
 _LOG2E = 1.4426950408889634
 
@@ -93,7 +93,7 @@ def _store_block_lse(ptrs, block_max, weights, live):
 
 
 @triton.jit
-def _block_lse_kernel(
+def _sampled_block_lse_kernel(
     q_ptr,
     k_ptr,
     locs_ptr,
@@ -200,7 +200,7 @@ def row_mass_triton(
     lse = torch.full(
         (num_kv_heads, num_rows, num_cols, slots), _FLOOR.value, dtype=torch.float32, device=q.device
     )
-    _block_lse_kernel[(tiles.numel(), num_kv_heads, triton.cdiv(num_cols, chunk_cols))](
+    _sampled_block_lse_kernel[(tiles.numel(), num_kv_heads, triton.cdiv(num_cols, chunk_cols))](
         q,
         k_buffer,
         locs.long().contiguous(),
@@ -341,7 +341,7 @@ def row_mass(
 ) -> torch.Tensor:
     """Each sampled row's own exact attention per key block, before any mean: fp32 [Hkv, R,
     max_key_blocks, samples, group] (query head h * group + g of KV head h), each (row, sample, head)
-    summing to 1 over its causal blocks; what the guard (guard.py) measures kept blocks against."""
+    summing to 1 over its causal blocks; what the guard (ops/guard.py) measures kept blocks against."""
     if triton_enabled(q):
         return row_mass_triton(q, k_buffer, locs, layout, samples, sm_scale, geometry)
     return row_mass_torch(q, k_buffer, locs, layout, samples, sm_scale)

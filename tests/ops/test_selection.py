@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from sglang_prefill_ext.ops.layout import BlockLayout
-from sglang_prefill_ext.ops.scoring import (
-    block_scores_torch,
+from sglang_prefill_ext.ops.scorers.pooled import pooled_scores, select_pooled_torch, select_pooled_triton
+from sglang_prefill_ext.ops.selection import (
+    largest_holding,
     mass_fraction,
-    select_blocks_torch,
-    select_blocks_triton,
     select_by_mass,
     select_by_mass_torch,
     select_by_mass_triton,
+    structural_blocks,
 )
 from sglang_prefill_ext.ops.settings import SparseSettings
 
@@ -53,10 +53,10 @@ def test_triton_selection_matches_torch(
         last_blocks=1,
         per_query_head=per_query_head,
     )
-    got = select_blocks_triton(qpool, kpool, layout, settings, 0.3)
-    want = select_blocks_torch(qpool, kpool, layout, settings, 0.3)
+    got = select_pooled_triton(qpool, kpool, layout, settings, 0.3)
+    want = select_pooled_torch(qpool, kpool, layout, settings, 0.3)
     assert got.shape[0] == (heads[0] if per_query_head else heads[1])
-    s = block_scores_torch(qpool, kpool, layout, 0.3)
+    s = pooled_scores(qpool, kpool, layout, 0.3)
     gap = (s - s.amax(-1, keepdim=True) - settings.log_threshold).abs()
     margin = gap if per_query_head else gap.view(heads[1], -1, *gap.shape[1:]).amin(1)
     _assert_same_up_to_ties(got, want, margin.nan_to_num(1.0))
@@ -70,15 +70,15 @@ def test_a_kv_heads_blocks_are_the_union_of_its_query_heads() -> None:
     base = SparseSettings(
         block_size=BLOCK, threshold=0.2, sink_blocks=0, local_blocks=1, last_blocks=0, per_query_head=False
     )
-    per_q = select_blocks_torch(qpool, kpool, layout, dataclasses.replace(base, per_query_head=True), 0.3)
-    per_kv = select_blocks_torch(qpool, kpool, layout, base, 0.3)
+    per_q = select_pooled_torch(qpool, kpool, layout, dataclasses.replace(base, per_query_head=True), 0.3)
+    per_kv = select_pooled_torch(qpool, kpool, layout, base, 0.3)
     assert torch.equal(per_kv, per_q.view(heads[1], -1, *per_q.shape[1:]).any(1))
     assert int(per_q.sum()) < int(per_kv.repeat_interleave(4, 0).sum())
 
 
 def test_threshold_zero_keeps_every_causal_block_and_nothing_after_the_diagonal() -> None:
     layout, qpool, kpool = _pooled((4, 2), 32, [40], [100])
-    mask = select_blocks_torch(qpool, kpool, layout, SparseSettings(block_size=BLOCK, threshold=0.0), 1.0)
+    mask = select_pooled_torch(qpool, kpool, layout, SparseSettings(block_size=BLOCK, threshold=0.0), 1.0)
     causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
     assert torch.equal(mask, causal[None].expand_as(mask))
 
@@ -86,7 +86,7 @@ def test_threshold_zero_keeps_every_causal_block_and_nothing_after_the_diagonal(
 def test_structural_blocks_are_kept_whatever_the_scores() -> None:
     layout, qpool, kpool = _pooled((4, 2), 32, [0], [16 * 20])
     settings = SparseSettings(block_size=BLOCK, threshold=1.0, sink_blocks=2, local_blocks=3, last_blocks=2)
-    mask = select_blocks_triton(
+    mask = select_pooled_triton(
         qpool, kpool * 0, layout, settings, 1.0
     )  # all scores tie: only the best passes
     for r in range(layout.num_rows):
@@ -97,7 +97,7 @@ def test_structural_blocks_are_kept_whatever_the_scores() -> None:
         assert max(kept) == i
 
 
-@pytest.mark.parametrize("impl", [select_blocks_triton, select_blocks_torch])
+@pytest.mark.parametrize("impl", [select_pooled_triton, select_pooled_torch])
 def test_only_an_extend_that_ends_its_prompt_keeps_its_last_rows_dense(impl) -> None:
     """A chunk before the prompt's end is a stretch of text like any other: its last rows are selected
     as every row is, not kept dense over the whole prefix (one long segment: the attention's critical
@@ -127,12 +127,12 @@ def test_relative_threshold_keeps_exactly_the_blocks_near_the_best() -> None:
     qpool[:, 0, 0] = 1.0
     kpool = torch.zeros(layout.num_key_blocks, 1, 16)
     kpool[:, 0, 0] = torch.tensor([3.0, 0.0, 2.5, 2.0, 0.0, 3.0, 0.0, 0.0])  # log(0.5) = -0.69
-    mask = select_blocks_triton(qpool, kpool, layout, settings, 1.0)
+    mask = select_pooled_triton(qpool, kpool, layout, settings, 1.0)
     assert mask[0, 7].nonzero().flatten().tolist() == [0, 2, 5, 7]
     assert mask[0, 3].nonzero().flatten().tolist() == [0, 2, 3]
 
 
-@pytest.mark.parametrize("impl", [select_blocks_triton, select_blocks_torch])
+@pytest.mark.parametrize("impl", [select_pooled_triton, select_pooled_torch])
 def test_needle_in_one_query_head_is_kept_for_its_kv_head(impl) -> None:
     layout, qpool, kpool = _pooled((8, 2), 64, [16 * 30], [16 * 10], seed=3)
     needle = torch.randn(64)
@@ -146,13 +146,13 @@ def test_needle_in_one_query_head_is_kept_for_its_kv_head(impl) -> None:
 
 
 def test_density_counts_kept_blocks_over_the_causal_ones() -> None:
-    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+    from sglang_prefill_ext.ops.policy import SparsePrefill
 
     layout, qpool, kpool = _pooled((4, 2), 32, [48, 0], [40, 70])
     sparse = SparsePrefill(SparseSettings(block_size=BLOCK), attention=None)
     sparse.begin(layout, torch.arange(layout.num_context_tokens))
     keep_all = SparseSettings(block_size=BLOCK, threshold=0.0)
-    sparse.mask = select_blocks_torch(qpool, kpool, layout, keep_all, 1.0)
+    sparse.mask = select_pooled_torch(qpool, kpool, layout, keep_all, 1.0)
     assert sparse.density() == pytest.approx(1.0)
     only_diagonal = torch.zeros_like(sparse.mask)
     only_diagonal[:, torch.arange(layout.num_rows), layout.row_block.long()] = True
@@ -164,7 +164,7 @@ def test_density_counts_kept_blocks_over_the_causal_ones() -> None:
 def test_a_layout_denser_than_the_limit_is_declined_before_planning() -> None:
     """select_and_plan returns False and plans nothing (no attention object is even needed) when the
     selection keeps more than max_density of the causal blocks; a looser limit goes on to plan."""
-    from sglang_prefill_ext.ops.sparse_prefill import SparsePrefill
+    from sglang_prefill_ext.ops.policy import SparsePrefill
 
     layout = BlockLayout.build([0], [8 * BLOCK], BLOCK)
     gen = torch.Generator().manual_seed(1)
@@ -204,8 +204,10 @@ def test_the_mass_selection_kernel_keeps_what_the_sort_keeps(
         local_blocks=2,
         last_blocks=2,
     )
-    got = select_by_mass_triton(mass, layout, settings)
-    assert torch.equal(got, select_by_mass_torch(mass, layout, settings))
+    got = select_by_mass_triton(mass, layout, settings, mass_fraction(layout.req_prompt_len, settings))
+    assert torch.equal(
+        got, select_by_mass_torch(mass, layout, settings, mass_fraction(layout.req_prompt_len, settings))
+    )
     assert layout.max_key_blocks > 256 and bool((got.sum(-1) > 0).all())
 
 
@@ -220,6 +222,27 @@ def test_the_mass_falls_per_doubling_of_the_prompt_beyond_mass_len() -> None:
     )
     with pytest.raises(ValueError, match="mass_decay"):
         SparseSettings(mass_decay=-0.1)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.075, 0.3])
+def test_the_per_request_mass_gives_the_masks_of_the_in_kernel_decay(decay: float) -> None:
+    """The decay is computed once per request (`mass_fraction`) and read by both twins: the masks equal those of
+    the rule the Triton kernel used to apply itself, max(mass - decay x max(log2(len / mass_len), 0), 0) in
+    fp32 per row, over prompts shorter than, at, between and far past `mass_len`'s doublings."""
+    prompt_lens = torch.tensor([100, 1600, 2400, 6400, 50000, 1 << 30])
+    layout = BlockLayout.build([16 * 20] * 6, [40] * 6, BLOCK, prompt_lens=prompt_lens)
+    settings = SparseSettings(block_size=BLOCK, mass=0.8, mass_decay=decay, mass_len=1600, last_blocks=0)
+    gen = torch.Generator().manual_seed(7)
+    causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
+    mass = torch.rand(4, layout.num_rows, layout.max_key_blocks, generator=gen) * causal[None]
+    row_len = layout.req_prompt_len[layout.row_req.long()].float()
+    doublings = torch.log2(row_len / torch.tensor(float(settings.mass_len))).clamp_min(0.0)
+    in_kernel = (torch.tensor(settings.mass) - torch.tensor(decay) * doublings).clamp_min(0.0)
+    want = largest_holding(mass, in_kernel[:, None]) | structural_blocks(layout, settings, mass.device)[None]
+    fraction = mass_fraction(layout.req_prompt_len, settings)
+    assert torch.equal(select_by_mass_triton(mass, layout, settings, fraction), want)
+    assert torch.equal(select_by_mass_torch(mass, layout, settings, fraction), want)
+    assert torch.equal(select_by_mass(mass, layout, settings), want)
 
 
 def test_a_mass_of_one_keeps_every_causal_block_of_a_long_prompt() -> None:
@@ -242,11 +265,17 @@ def test_a_chunk_selects_at_its_whole_prompts_mass() -> None:
     mass = torch.rand(2, half, layout.max_key_blocks, generator=gen).repeat(1, 2, 1)
     causal = torch.arange(layout.max_key_blocks)[None, :] <= layout.row_block.long()[:, None]
     settings = SparseSettings(block_size=BLOCK, mass=0.8, mass_decay=0.2, mass_len=1024, last_blocks=0)
-    kept = select_by_mass_torch(mass * causal[None], layout, settings).sum(-1)
+    kept = select_by_mass_torch(
+        mass * causal[None], layout, settings, mass_fraction(layout.req_prompt_len, settings)
+    ).sum(-1)
     assert bool((kept[:, half:] < kept[:, :half]).all())
     assert torch.equal(
-        select_by_mass_triton(mass * causal[None], layout, settings),
-        select_by_mass_torch(mass * causal[None], layout, settings),
+        select_by_mass_triton(
+            mass * causal[None], layout, settings, mass_fraction(layout.req_prompt_len, settings)
+        ),
+        select_by_mass_torch(
+            mass * causal[None], layout, settings, mass_fraction(layout.req_prompt_len, settings)
+        ),
     )
 
 
@@ -264,9 +293,11 @@ def test_the_mass_selection_kernel_on_cuda_keeps_what_the_fp32_sort_keeps(decay:
     mass = mass * causal[None]
     mass /= mass.sum(-1, keepdim=True)
     settings = SparseSettings(block_size=BLOCK, mass=0.8, mass_decay=decay, mass_len=2048, local_blocks=2)
-    want = select_by_mass_torch(mass, layout, settings)
+    want = select_by_mass_torch(mass, layout, settings, mass_fraction(layout.req_prompt_len, settings))
     cuda = BlockLayout.build([16 * 400, 0], [160, 600], BLOCK, "cuda", prompt_lens=prompt_lens.cuda())
-    got = select_by_mass_triton(mass.cuda(), cuda, settings).cpu()
+    got = select_by_mass_triton(
+        mass.cuda(), cuda, settings, mass_fraction(cuda.req_prompt_len, settings)
+    ).cpu()
     rows_differ = (got != want).any(-1)
     assert float(rows_differ.float().mean()) < 0.02
     assert bool(((got.sum(-1) - want.sum(-1)).abs() <= 1).all())

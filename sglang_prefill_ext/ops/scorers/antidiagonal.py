@@ -26,11 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import triton_enabled
-from .layout import BlockLayout
+from ..dispatch import FLOOR, triton_enabled
+from ..layout import BlockLayout
 
 SCORE_BYTES = 1 << 29  # packed scores held at once per request (rows are processed in steps)
-_FLOOR = -1.0e30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +53,7 @@ class PackedRows:
 
 
 @triton.jit
-def _block_lse_kernel(
+def _packed_block_lse_kernel(
     s_ptr,
     out_ptr,
     num_rows,
@@ -94,7 +93,7 @@ def block_lse_triton(s: torch.Tensor, rows: PackedRows, per_block: int, scale: f
     out = torch.empty(num_rows, num_blocks, dtype=torch.float32, device=s.device)
     block_c = max(1, 256 // per_block)
     grid = (triton.cdiv(num_rows, 32), triton.cdiv(num_blocks, block_c))
-    _block_lse_kernel[grid](
+    _packed_block_lse_kernel[grid](
         s,
         out,
         num_rows,
@@ -143,10 +142,7 @@ def _gather_rows_kernel(
     tl.store(out_ptr + n.to(tl.int64)[:, None] * D + d[None, :], x, mask=live[:, None] & (d < D)[None, :])
 
 
-def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """src [N, D] (contiguous) rows `index` [M] (-1: a zero row): [M, D], one pass."""
-    if not triton_enabled(src):
-        return torch.where((index >= 0)[:, None], src[index.clamp_min(0)], 0)
+def gather_rows_triton(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     out = torch.empty(index.numel(), src.shape[1], dtype=src.dtype, device=src.device)
     block_n = 64
     _gather_rows_kernel[(triton.cdiv(index.numel(), block_n),)](
@@ -159,6 +155,16 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         BLOCK_N=block_n,
     )
     return out
+
+
+def gather_rows_torch(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return torch.where((index >= 0)[:, None], src[index.clamp_min(0)], 0)
+
+
+def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """src [N, D] (contiguous) rows `index` [M] (-1: a zero row): [M, D], one pass."""
+    impl = gather_rows_triton if triton_enabled(src) else gather_rows_torch
+    return impl(src, index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +274,7 @@ def tile_mass_torch(lse: torch.Tensor, out: torch.Tensor, group: int, per_block:
     lse = (
         lse.view(num_qo_heads // group, m, group, num_cols).transpose(1, 2).reshape(num_qo_heads, m, num_cols)
     )
-    p = torch.exp(lse - lse.logsumexp(-1, keepdim=True).clamp_min(_FLOOR))
+    p = torch.exp(lse - lse.logsumexp(-1, keepdim=True).clamp_min(FLOOR))
     tiles = p.view(num_qo_heads, m // per_block, per_block, num_cols).sum(2)
     tiles /= tiles.sum(-1, keepdim=True).clamp_min(1e-30)
     out[:, first_row : first_row + tiles.shape[1], :num_cols] = tiles

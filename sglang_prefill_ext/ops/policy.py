@@ -1,27 +1,29 @@
-"""One extend batch's sparse attention: select blocks, plan, run — per forward or per layer.
+"""The sparse policy: one extend batch's sparse attention, layer by layer — select blocks, plan, run.
 
-`begin` takes the batch's layout and KV slots once per forward. `attend` of a layer is the policy the
-server and the accuracy bench both run: it scores that layer's queries against the context's keys
-(sampled rows and/or pooled blocks, or antidiagonal sums), selects the kept blocks (per KV head, or per query head with
-`settings.per_query_head`), plans FlashInfer and runs; with `per_layer=False` a later layer reuses the
-plan and only runs the attention (one selection and one plan per forward); a first layout denser than
-`max_density` is declined (None: the caller's dense attention runs from that layer on), and so is one
-whose sampled rows find too little of their exact attention in the kept blocks (`settings.guard`, at the
-first sparse layer and every `settings.guard_every`-th after it: guard.py).
+`begin` takes the batch's block layout and KV slots once per forward. `attend` of a layer is the policy
+the server and the accuracy bench both run: the first `settings.dense_layers` run dense (None); a sparse
+layer scores its queries against the context's keys (antidiagonal sums, sampled rows and/or pooled blocks:
+scorers/), selects the kept blocks (per query head, or per KV head without `settings.per_query_head`),
+plans FlashInfer and runs; without `settings.per_layer` a later layer reuses the plan and only runs the
+attention (one selection and one plan per forward). A first selection keeping more than
+`settings.max_density` of its causal blocks declines the forward (None: the caller's dense attention runs
+from that layer on), and so does one whose sampled rows find too little of their exact attention in the
+kept blocks (`settings.guard`, at the first sparse layer and every `settings.guard_every`-th after it:
+guard.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .antidiagonal import Packing, antidiagonal_mass
 from .attention import BlockSparseAttention
 from .guard import kept_share, low_quantile
 from .layout import BlockLayout
 from .plan import build_plan_indices, device_plan_indices
-from .pooling import key_segments, pool_keys, pool_queries
-from .sampled import SampleGeometry, block_mass, row_mass, sample_geometry
-from .scoring import select_blocks, select_by_mass
+from .scorers.antidiagonal import Packing, antidiagonal_mass
+from .scorers.pooled import key_segments, pool_keys, pool_queries, select_pooled
+from .scorers.sampled import SampleGeometry, block_mass, row_mass, sample_geometry
+from .selection import select_by_mass
 from .settings import SparseSettings
 
 
@@ -37,6 +39,7 @@ class SparsePrefill:
         self.mask: torch.Tensor | None = None
         self._indices: torch.Tensor | None = None  # with settings.plan_once: later layers' kv_indices
         self.guard_stats: dict[int, float] = {}  # this forward's guard statistic per checked sparse layer
+        self.declined = False  # this forward runs dense from the layer that declined it
 
     @classmethod
     def create(cls, settings: SparseSettings, workspace: torch.Tensor) -> SparsePrefill:
@@ -53,6 +56,7 @@ class SparsePrefill:
         self.mask = None
         self._indices = None
         self.guard_stats = {}
+        self.declined = False
 
     @property
     def layout(self) -> BlockLayout:
@@ -132,7 +136,7 @@ class SparsePrefill:
     def _select_pooled(self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float) -> torch.Tensor:
         layout = self.layout
         kpool = pool_keys(k_buffer, key_segments(layout, self._locs))
-        return select_blocks(pool_queries(q, layout), kpool, layout, self.settings, sm_scale)
+        return select_pooled(pool_queries(q, layout), kpool, layout, self.settings, sm_scale)
 
     def plan(
         self,
@@ -180,7 +184,7 @@ class SparsePrefill:
         max_density: float = 1.0,
         guard_layer: int | None = None,
     ) -> bool:
-        """Select this layer's blocks and plan them. With `max_density` < 1, a layout keeping more than
+        """Select this layer's blocks and plan them. With `max_density` < 1, a mask keeping more than
         that fraction of its causal blocks is declined: nothing is planned, False is returned; so is one
         that fails the guard (`guard_passes`) as sparse layer `guard_layer` (None: not checked)."""
         self.mask = self.select(q, k_buffer, sm_scale)
@@ -191,6 +195,20 @@ class SparsePrefill:
         self.plan(self.mask, q, sm_scale, logits_soft_cap, num_kv_heads=k_buffer.shape[1])
         return True
 
+    def takes(self, layer: int) -> bool:
+        """Whether layer `layer` (from the model's first, 0) of this forward runs sparse: past the
+        `settings.dense_layers` and the forward not declined."""
+        return layer >= self.settings.dense_layers and not self.declined
+
+    def sparse_index(self, layer: int) -> int:
+        """Layer `layer`'s index among the forward's sparse layers (0: the first; `guard_stats`' keys)."""
+        return layer - self.settings.dense_layers
+
+    def selects(self) -> bool:
+        """Whether the next sparse layer selects and plans its own blocks: every one with
+        `settings.per_layer`, else the forward's first."""
+        return self.settings.per_layer or not self.planned
+
     def attend(
         self,
         q: torch.Tensor,
@@ -198,21 +216,27 @@ class SparsePrefill:
         v_buffer: torch.Tensor,
         sm_scale: float,
         layer: int,
-        per_layer: bool,
-        max_density: float = 1.0,
         logits_soft_cap: float = 0.0,
     ) -> torch.Tensor | None:
-        """Attention of one layer's q [N, Hq, D] over the batch's context in the KV pool, [N, Hq, D];
-        `layer`: its index among the forward's sparse layers. The first (0) declines the batch (None) when
-        its layout keeps more than `max_density` of its causal blocks; it and every layer the guard checks
-        (`guard_checks`) when the guard fails."""
-        guard_layer = layer if self.guard_checks(layer) else None
-        if per_layer or not self.planned:
-            planned = self.select_and_plan(
-                q, k_buffer, sm_scale, logits_soft_cap, max_density if layer == 0 else 1.0, guard_layer
-            )
-            if not planned:
-                return None
-        elif guard_layer is not None and not self.guard_passes(q, k_buffer, sm_scale, guard_layer):
+        """Attention of layer `layer`'s q [N, Hq, D] (`layer` from the model's first, 0) over the batch's
+        context in the KV pool, [N, Hq, D]; None where the caller's dense attention runs: a dense layer
+        (`takes`), or a declined forward, from the layer that declines it on. The first sparse layer declines
+        it when its selection keeps more than `settings.max_density` of its causal blocks; it and every layer
+        the guard checks (`guard_checks`) when the guard fails."""
+        if not self.takes(layer):
             return None
+        index = self.sparse_index(layer)
+        guard_layer = index if self.guard_checks(index) else None
+        if self.selects():
+            max_density = self.settings.max_density if index == 0 else 1.0
+            sparse = self.select_and_plan(q, k_buffer, sm_scale, logits_soft_cap, max_density, guard_layer)
+        else:
+            sparse = guard_layer is None or self.guard_passes(q, k_buffer, sm_scale, guard_layer)
+        if not sparse:
+            self.declined = True
+            return None
+        return self.run(q, k_buffer, v_buffer)
+
+    def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
+        """The planned attention of q [N, Hq, D] over the kept blocks."""
         return self.attention.run(q, k_buffer, v_buffer)
