@@ -234,6 +234,15 @@ def row_mass_triton(
     return mass.view(num_kv_heads, num_rows, num_cols, samples, group)
 
 
+def _averaged(mass: torch.Tensor, per_query_head: bool) -> torch.Tensor:
+    """Row mass [Hkv, R, C, samples, group] averaged over the samples and, per KV head, the group:
+    [Hkv, R, C], or [Hq, R, C] per query head (query head h * group + g)."""
+    if not per_query_head:
+        return mass.flatten(3).mean(3)
+    num_kv_heads, num_rows, num_cols, _, group = mass.shape
+    return mass.mean(3).permute(0, 3, 1, 2).reshape(num_kv_heads * group, num_rows, num_cols)
+
+
 def block_mass_triton(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -242,19 +251,12 @@ def block_mass_triton(
     samples: int,
     sm_scale: float,
     geometry: SampleGeometry | None = None,
-    tile_rows: int = 128,
-    chunk_cols: int = 32,
-    num_warps: int = 8,
     per_query_head: bool = False,
+    **launch: int,
 ) -> torch.Tensor:
-    """`row_mass_triton`'s rows averaged (the launch options are its own)."""
-    mass = row_mass_triton(
-        q, k_buffer, locs, layout, samples, sm_scale, geometry, tile_rows, chunk_cols, num_warps
-    )
-    if not per_query_head:
-        return mass.flatten(3).mean(3)
-    num_kv_heads, num_rows, num_cols, _, group = mass.shape
-    return mass.mean(3).permute(0, 3, 1, 2).reshape(num_kv_heads * group, num_rows, num_cols)
+    """`row_mass_triton`'s rows averaged (`launch`: its tile_rows, chunk_cols, num_warps)."""
+    mass = row_mass_triton(q, k_buffer, locs, layout, samples, sm_scale, geometry, **launch)
+    return _averaged(mass, per_query_head)
 
 
 def _request_row_mass(
@@ -303,13 +305,8 @@ def block_mass_torch(
     sm_scale: float,
     per_query_head: bool = False,
 ) -> torch.Tensor:
-    """The same mass with dense torch softmax, one request at a time (float32)."""
-    heads = q.shape[1] if per_query_head else k_buffer.shape[1]
-    out = torch.zeros(heads, layout.num_rows, layout.max_key_blocks, dtype=torch.float32, device=q.device)
-    for rows, p in _request_row_mass(q, k_buffer, locs, layout, samples, sm_scale):
-        p = p.mean(3)
-        out[:, rows, : p.shape[-1]] = p.flatten(0, 1) if per_query_head else p.mean(1)
-    return out
+    """`row_mass_torch`'s rows averaged."""
+    return _averaged(row_mass_torch(q, k_buffer, locs, layout, samples, sm_scale), per_query_head)
 
 
 def row_mass_torch(
@@ -360,8 +357,4 @@ def block_mass(
     """Estimated attention mass per (KV head, row block, key block), [Hkv, R, max_key_blocks] float32, or
     per query head ([Hq, R, C], the group's mean not taken); `geometry` (the Triton kernel's, see
     `sample_geometry`) saves rebuilding it per layer."""
-    if triton_enabled(q):
-        return block_mass_triton(
-            q, k_buffer, locs, layout, samples, sm_scale, geometry, per_query_head=per_query_head
-        )
-    return block_mass_torch(q, k_buffer, locs, layout, samples, sm_scale, per_query_head)
+    return _averaged(row_mass(q, k_buffer, locs, layout, samples, sm_scale, geometry), per_query_head)
