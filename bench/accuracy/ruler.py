@@ -62,22 +62,23 @@ def cases_of(
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     ends_line = ends_line_fn(tokenizer)
-    streams: dict[str, list[int]] = {}
+    streams: dict[str, tuple[list[int], str]] = {}  # corpus -> (token ids, their fingerprint), made once
     out = []
     for length in lengths:
         for index, (corpus, seed) in enumerate(corpora.split_prompts(split, first + count)):
             if index < first:
                 continue
             if corpus not in streams:
-                streams[corpus] = corpora.corpus_ids(corpus, encode, 2 * max(lengths))
-            ids = streams[corpus]
+                ids = corpora.corpus_ids(corpus, encode, 2 * max(lengths))
+                streams[corpus] = ids, corpora.fingerprint(ids)
+            ids, fingerprint = streams[corpus]
             rng = random.Random(f"{seed}:{length}")
             offset = rng.randrange(len(ids) - length)
             case = tasks.build_case(ids[offset:], encode, ends_line, length, rng)
             fields = dict(
                 split=split,
                 corpus=corpus,
-                fingerprint=corpora.fingerprint(ids),
+                fingerprint=fingerprint,
                 seed=seed,
                 index=index,
                 length=length,
