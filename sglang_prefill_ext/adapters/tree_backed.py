@@ -8,6 +8,7 @@ a request is cached, KV events) stays in each version's `radix_cache.py`, behind
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
 from collections.abc import Hashable, Sequence
@@ -170,7 +171,7 @@ class PrefixTreeCacheMixin:
         """Called once per new leaf an insert added."""
 
     def _on_evicted(self, node: Node) -> None:
-        """Called once per evicted node, after its slots went back to the allocator."""
+        """Called once per evicted tree node (not chunk), after its slots went back to the allocator."""
 
     def _on_cleared(self) -> None:
         """Called when the tree was emptied by `reset`."""
@@ -286,7 +287,8 @@ class PrefixTreeCacheMixin:
         for node in evicted:
             # Tree values are page-aligned copies of a kv row: page-exact segment.
             self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
-            self._on_evicted(node)
+            if node.parent is not None:  # chunks were never stored as KV-event blocks
+                self._on_evicted(node)
         num_evicted = sum(node.size for node in evicted)
         self.update_eviction_metrics(num_evicted, start_time)  # type: ignore[attr-defined]
         return EvictResult(num_tokens_evicted=num_evicted)
@@ -299,7 +301,8 @@ class PrefixTreeCacheMixin:
         return self.tree.values.join(values) if values else self.tree.values.empty()
 
     def all_values_flatten(self) -> torch.Tensor:
-        values = [node.value for node in self.tree.nodes()]
+        """Every slot the cache owns: the tree's nodes' and its chunk store's."""
+        values = [node.value for node in itertools.chain(self.tree.nodes(), self.tree.chunks.entries())]
         return torch.cat(values) if values else self.tree.values.empty()
 
     def pretty_print(self) -> None:

@@ -15,7 +15,8 @@ class Node:
     """`tokens` covers absolute positions [depth, depth + size) of every key that passes through it.
 
     `value` is the adapter's opaque slot array for those tokens; `policy_state` belongs to the
-    tree's eviction policy, `meta` to the adapter (e.g. KV-event hashes).
+    tree's eviction policy, `meta` to the adapter (e.g. KV-event hashes). No parent: the root, or a
+    chunk store's entry (`radix.chunks`), whose tokens are the whole chunk.
     """
 
     __slots__ = (

@@ -2,7 +2,9 @@
 
 Semantics mirror SGLang's RadixCache (what a match returns and splits, what an insert touches, which
 leaves are evictable and in what order), so the adapter can be a drop-in; the speed comes from
-memcmp comparisons over stored token bytes (no key slicing, no hashing) and match handles.
+memcmp comparisons over stored token bytes (no key slicing, no hashing) and match handles. The tree
+owns a chunk store (`radix.chunks`): chunks' KV slots outside the tree's paths, counted in its sizes
+and evicted in its order.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import heapq
+import itertools
 import sys
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import numpy as np
 
+from sglang_prefill_ext.radix.chunks import ChunkStore
 from sglang_prefill_ext.radix.counters import TreeCounters
 from sglang_prefill_ext.radix.eviction import eviction_policy
 from sglang_prefill_ext.radix.handle import MatchHandle
@@ -54,7 +58,8 @@ class PrefixTree:
     `on_split(head, tail)` runs after a node splits, for adapters that keep per-node metadata.
     Times are a logical clock read wherever RadixCache reads `time.monotonic()`, so LRU/FIFO orders
     are the same as stock's. `eviction` is the policy (`radix.eviction`), which keeps its own
-    per-node state through the hooks the tree calls.
+    per-node state through the hooks the tree calls. `chunks` is its chunk store: the sizes
+    (`evictable_tokens`, `protected_tokens`, `cached_tokens`) count its entries too.
     """
 
     def __init__(
@@ -71,6 +76,7 @@ class PrefixTree:
         self.values = values or NumpyValues()
         self._on_split = on_split
         self.counters = TreeCounters()
+        self.chunks = ChunkStore(self)
         self._clock = 0
         self.epoch = 0
         self.reset()
@@ -79,9 +85,10 @@ class PrefixTree:
 
     def reset(self) -> None:
         self.epoch += 1
-        self.root = Node(b"", self.values.empty(), None, 0, None, self._tick(), priority=-sys.maxsize)
+        self.root = Node(b"", self.values.empty(), None, 0, None, self.tick(), priority=-sys.maxsize)
         self.root.lock_ref = 1
         self.evictable_leaves: set[Node] = set()
+        self.chunks.reset()
         self.eviction.reset()
         self.eviction.on_new_node(self.root)
         self.evictable_tokens = 0
@@ -104,7 +111,7 @@ class PrefixTree:
 
     def match(self, query: Query, handle: MatchHandle | None = None) -> MatchHandle:
         """Longest cached prefix of `query`; extends `handle` (a previous match) when still valid."""
-        access = self._tick()
+        access = self.tick()
         resume = self._resume_point(query, handle)
         if resume is None:
             base_node, base_len, base_values = self.root, 0, None
@@ -153,7 +160,7 @@ class PrefixTree:
         self, query: Query, value: Any, priority: int = 0, reinsert: Reinsert = Reinsert.NO
     ) -> InsertOutcome:
         """Cache `query` -> `value` (one slot per token); returns how much was already cached."""
-        access = self._tick()
+        access = self.tick()
         if reinsert is Reinsert.NO:
             self.eviction.begin_use()
         node, offset = self._descend(query, self.root, 0)
@@ -195,7 +202,7 @@ class PrefixTree:
             parent,
             start,
             query.namespace,
-            self._tick(),
+            self.tick(),
             priority,
         )
         leaf.hit_count = 0 if reinsert is Reinsert.UNCOUNTED else 1
@@ -250,7 +257,7 @@ class PrefixTree:
 
     def touch(self, node: Node) -> None:
         """Mark `node` and its ancestors used now, as a match ending at `node` would (no split, no counts)."""
-        self._touch_path(node, self._tick())
+        self._touch_path(node, self.tick())
 
     def _touch_path(self, node: Node, access: int) -> None:
         while node is not None:
@@ -260,7 +267,7 @@ class PrefixTree:
 
     def _split(self, node: Node, offset: int) -> Node:
         """Cut `node` after `offset` tokens; the new head is returned, `node` keeps the tail."""
-        head = node.split(offset, self._tick(), self.page_size)
+        head = node.split(offset, self.tick(), self.page_size)
         self.eviction.on_split(head, node)
         self.counters.nodes += 1
         self.counters.splits += 1
@@ -268,7 +275,8 @@ class PrefixTree:
             self._on_split(head, node)
         return head
 
-    def _tick(self) -> int:
+    def tick(self) -> int:
+        """The logical clock, advanced (the tree and its chunk store read it for every access)."""
         self._clock += 1
         return self._clock
 
@@ -302,24 +310,30 @@ class PrefixTree:
         return delta
 
     def evict(self, num_tokens: int) -> list[Node]:
-        """Free at least `num_tokens` (if that much is evictable), leaves first, in policy order."""
+        """Free at least `num_tokens` (if that much is evictable): leaves and unlocked chunks, in
+        policy order; the caller frees each evicted node's slots."""
         policy = self.eviction
         order = policy.order(self._clock)
-        heap = [(order(leaf), leaf.id, leaf) for leaf in self.evictable_leaves]
+        candidates = itertools.chain(self.evictable_leaves, self.chunks.evictable)
+        heap = [(order(leaf), leaf.id, leaf) for leaf in candidates]
         heapq.heapify(heap)
         evicted: list[Node] = []
         freed = 0
         while freed < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
-            keep = policy.kept_head(node, num_tokens - freed, self.page_size)
-            if keep:
-                self._split(node, keep)  # `node` keeps the tail, which goes
-            self._remove_leaf(node)
+            parent = node.parent
+            if parent is None:  # a chunk, which goes whole
+                self.chunks.remove(node)
+            else:
+                keep = policy.kept_head(node, num_tokens - freed, self.page_size)
+                if keep:
+                    self._split(node, keep)  # `node` keeps the tail, which goes
+                    parent = node.parent
+                self._remove_leaf(node)
+                if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                    heapq.heappush(heap, (order(parent), parent.id, parent))
             evicted.append(node)
             freed += node.size
-            parent = node.parent
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (order(parent), parent.id, parent))
         self.counters.evicted_tokens += freed
         return evicted
 
