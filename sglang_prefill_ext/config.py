@@ -239,6 +239,18 @@ class PrefillExtConfig:
         "New tokens that request must bring: cache hits and short follow-ups over a long prefix stay dense "
         "(for so few queries dense attention is cheaper than selecting and planning).",
     )
+    blend: bool = _option(
+        False,
+        "Chunk blending (CacheBlend-style, docs/BLEND.md): the KV of retrieved chunks a request marks "
+        "(chunk_spans) reused wherever they recur, re-rotated to their new positions, a fraction of their "
+        "tokens recomputed. Not wired into the serving path yet: refused.",
+    )
+    blend_recompute_ratio: float = _option(
+        0.15,
+        "With --prefill-ext-blend: the fraction of each reused chunk's tokens recomputed through every "
+        "layer over the blended KV (the default is CacheBlend's).",
+        check=_fraction,
+    )
 
     def tree_eviction(self, sglang_policy: str) -> str:
         """The tree's policy: this option when given, else a non-default `--radix-eviction-policy`,
@@ -274,6 +286,13 @@ class PrefillExtConfig:
             raise OptionError(f"{option_name('lone_pass_ms')} needs {option_name('tbt_target_ms')}")
         if config.log_fingerprints and not config.log:
             raise OptionError(f"{option_name('log_fingerprints')} needs {option_name('log')}")
+        if config.blend:
+            raise OptionError(
+                f"{option_name('blend')} is not wired into the serving path yet (its chunk store and "
+                "re-positioning kernel are built; docs/BLEND.md says what is left)"
+            )
+        if "blend_recompute_ratio" in options:
+            raise OptionError(f"{option_name('blend_recompute_ratio')} needs {option_name('blend')}")
         return config
 
 

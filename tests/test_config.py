@@ -178,6 +178,23 @@ def test_fingerprints_need_the_request_log() -> None:
     assert (config.fingerprint_block, config.fingerprint_salt) == (256, "")
 
 
+def test_blend_is_refused_until_it_is_wired() -> None:
+    """Its store and kernel exist, the serving path does not use them: the flag says so rather than
+    serve stock under its name."""
+    with pytest.raises(OptionError) as refused:
+        PrefillExtConfig.from_options(getattr(parse("--prefill-ext-blend"), OPTIONS_DEST))
+    assert str(refused.value) == (
+        "--prefill-ext-blend is not wired into the serving path yet (its chunk store and re-positioning "
+        "kernel are built; docs/BLEND.md says what is left)"
+    )
+    with pytest.raises(OptionError, match="^--prefill-ext-blend-recompute-ratio needs --prefill-ext-blend$"):
+        PrefillExtConfig.from_options({"blend_recompute_ratio": 0.2})
+    with pytest.raises(OptionError, match=r"^--prefill-ext-blend-recompute-ratio=1.5: must lie in \[0, 1\]$"):
+        PrefillExtConfig.from_options({"blend_recompute_ratio": 1.5})
+    assert PrefillExtConfig.from_options({"blend": False}) == PrefillExtConfig()
+    assert (PrefillExtConfig.blend, PrefillExtConfig.blend_recompute_ratio) == (False, 0.15)
+
+
 def test_unknown_or_invalid_options_refused() -> None:
     with pytest.raises(ValueError, match="unknown prefill-ext options: bogus"):
         PrefillExtConfig.from_options({"bogus": 1})

@@ -30,6 +30,7 @@ REFUSED = {
     "SparseSettings range": (ENABLE, "--prefill-ext-sparse-block-size", "100"),
     "negative count": (ENABLE, "--prefill-ext-dedup-min-tokens", "-1"),
     "sparse on a backend it cannot serve": (ENABLE, "--prefill-ext-sparse", "--attention-backend", "triton"),
+    "blend, not wired yet": (ENABLE, "--prefill-ext-blend"),
 }
 
 
