@@ -245,12 +245,18 @@ def cmd_run(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         print(f"case {case_no + 1}: " + ", ".join(
             f"{name} {sum(r['right'] for r in rows[name][-len(items):])}/{len(items)}" for name in names
         ), flush=True)  # fmt: skip
-    for name in names:
-        with open(a.out_dir / f"{slug(name)}.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows[name])
-    summary = summarize(rows, densities)
-    (a.out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        summary = write(a.out_dir, rows, densities)  # after every case: a run cut short keeps its cases
     print(report(summary), flush=True)
+
+
+def write(out_dir: Path, rows: dict[str, list[dict[str, Any]]], densities: dict[str, list[float]]) -> dict:
+    """Each config's JSONL and summary.json, from the rows so far."""
+    for name, config_rows in rows.items():
+        with open(out_dir / f"{slug(name)}.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in config_rows)
+    summary = summarize(rows, densities)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
 
 
 if __name__ == "__main__":
