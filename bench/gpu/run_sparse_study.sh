@@ -11,8 +11,8 @@
 #               under DEV_TIMEOUT [500 s] (the rows are written after every case), then the dev rule
 #               (`ruler_forced choose`) over CANDIDATES -> $STUDY/chosen (config), $STUDY/chosen-flags, and the
 #               server that runs it, $STUDY/chosen-server; tables and JSONL in $OUT/dev.tar.gz
-#   STEP=held   the RULER-style suite through the servers: stock, the chosen one and HELD_EXTRA (e.g. guard),
-#               one at a time, held-out split at HELD_LENGTHS [130000], HELD_PROMPTS [40] cases from case
+#   STEP=held   the RULER-style suite through the servers HELD_ASK [stock and the chosen one], one at a time
+#               (ASK_TIMEOUT each), compared with HELD_EXTRA's earlier files (e.g. guard), held-out split at HELD_LENGTHS [130000], HELD_PROMPTS [40] cases from case
 #               HELD_FIRST [40] (seeds no earlier run has read) -> $OUT/$HELD_TAG-compare.md/.json,
 #               $OUT/$HELD_TAG-jsonl.tar.gz (HELD_TAG [held]: another length in a later call keeps these)
 #   STEP=ppl    perplexity and next-token accuracy (bench.accuracy.sparse_accuracy, bf16 FlashInfer path) on
@@ -70,9 +70,10 @@ dev)
   ;;
 held)
   [ -f /tmp/ruler-state/servers ] || { log "cold host: no servers"; exit 3; }
-  ask="stock $(cat "$STUDY/chosen-server" 2>/dev/null || echo sp0) ${HELD_EXTRA:-}"
-  log "asking: $ask"
-  TAG=${HELD_TAG:-held} ASK=$ask COMPARE=$ask OUT=$OUT STEP=ask \
+  chosen=$(cat "$STUDY/chosen-server" 2>/dev/null || echo sp0)
+  ask=${HELD_ASK:-stock $chosen}
+  log "asking: $ask (compared: stock $chosen ${HELD_EXTRA:-})"
+  TAG=${HELD_TAG:-held} ASK=$ask COMPARE="stock $chosen ${HELD_EXTRA:-}" OUT=$OUT STEP=ask \
     RULER_ARGS="--split heldout --lengths ${HELD_LENGTHS:-130000} --prompts ${HELD_PROMPTS:-40} --first ${HELD_FIRST:-40}" \
     bash bench/gpu/run_ruler.sh
   ;;
