@@ -301,6 +301,17 @@ def option_name(name: str) -> str:
     return f"--prefill-ext-{name.replace('_', '-')}"
 
 
+def sparse_flags(settings: SparseSettings) -> list[str]:
+    """The `--prefill-ext-sparse-*` flags that give a server `settings`: one per field off its default."""
+    default = SparseSettings()
+    flags = []
+    for field in dataclasses.fields(SparseSettings):
+        value = getattr(settings, field.name)
+        if value != getattr(default, field.name):
+            flags += [option_name(SPARSE_SETTINGS_PREFIX + field.name), _shown(value)]
+    return flags
+
+
 def _shown(value: Any) -> str:
     """A default as `--help` writes it (and docs/FLAGS.md)."""
     if value is None:

@@ -26,7 +26,9 @@ the mean over prompts of each forward's lowest, and the lowest; the JSON has it 
 SCORER:VALUE: sampled:MASS, pooled:THRESHOLD, hybrid:THRESHOLD,MASS, antidiagonal:MASS, and (with --emulate)
 oracle:MASS, which keeps, per head and query block, the fewest blocks holding MASS of the layer's exact
 attention (plus sinks, local window, last rows): what a perfect scorer would keep, a bound on any selection at
-that density. OPT (comma-separated): `q` one selection per query head instead of per KV head; `bN` N-token
+that density. OPT (comma-separated): `q` one selection per query head instead of per KV head; `c` the mean
+correction of the dropped blocks (`SparseSettings.correct`); `LA-B` only layers A..B go sparse, the others
+dense (where the loss is: swap sparse in one range at a time); `bN` N-token
 blocks instead of --block-size; `sN` N sampled rows per block instead of --samples; `xN` antidiagonal stride
 N; `dX` the mass lowered by X per doubling of the prompt beyond `SparseSettings.mass_len` instead of the
 server's `mass_decay` (d0: MASS at every length); `layer` (oracle) MASS of the whole layer's attention per head instead of per query block (rows that attend
@@ -41,6 +43,7 @@ import json
 import math
 import statistics
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +52,7 @@ from bench.accuracy import corpora
 from bench.accuracy.corpora import CORPORA
 from bench.lib.real_text import corpus_ids
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
-from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
+from sglang_prefill_ext.ops.exact import block_sparse_attention, block_sparse_attention_lse, exact_block_mass
 from sglang_prefill_ext.ops.selection import largest_holding, mass_fraction, select_by_mass, structural_blocks
 
 TAIL_FROM = 1024
@@ -94,7 +97,6 @@ class EmulatedPrefill(SparsePrefill):
     def __init__(self, settings: SparseSettings, oracle: Oracle | None = None) -> None:
         super().__init__(settings, None)
         self.oracle = oracle
-        self._sm_scale = 1.0
 
     def select(self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float) -> torch.Tensor:
         if self.oracle is None:
@@ -111,9 +113,11 @@ class EmulatedPrefill(SparsePrefill):
         self.mask, self._sm_scale, self.planned = mask, sm_scale, True
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
-        out = block_sparse_attention(
+        out, lse = block_sparse_attention_lse(
             q, k_buffer, v_buffer, self._sm_scale, self.mask, self.settings.block_size
         )
+        if self.settings.correct:
+            return self.corrected(q, k_buffer, v_buffer, out, lse).to(q.dtype)
         return out.to(q.dtype)
 
 
@@ -122,9 +126,10 @@ class SparseAttention:
     selection, per-layer reuse, decline) over one prompt; where it returns None the layer runs dense
     (exact chunked attention with `emulate`, an `EmulatedPrefill`, else SDPA)."""
 
-    def __init__(self, sparse: SparsePrefill, emulate: bool) -> None:
+    def __init__(self, sparse: SparsePrefill, emulate: bool, sparse_layers: range | None = None) -> None:
         self.sparse = sparse
         self.emulate = emulate
+        self.sparse_layers = sparse_layers  # None: every layer the policy takes; else only these go sparse
         self.densities: list[dict[int, list[float]]] = []  # per forward: selecting layer -> per mask head
         self.guards: list[dict[int, float]] = []  # per forward: checked sparse layer -> guard statistic
 
@@ -144,8 +149,9 @@ class SparseAttention:
             self.sparse.begin(layout, torch.arange(length, device=q.device))
             self.densities.append({})
             self.guards.append({})
-        selects = self.sparse.takes(layer) and self.sparse.selects()
-        out = self.sparse.attend(q, k, v, scaling, layer=layer)
+        skipped = self.sparse_layers is not None and layer not in self.sparse_layers
+        selects = not skipped and self.sparse.takes(layer) and self.sparse.selects()
+        out = None if skipped else self.sparse.attend(q, k, v, scaling, layer=layer)
         if selects:
             self.densities[-1][layer] = self.sparse.head_densities().tolist()
         index = self.sparse.sparse_index(layer)
@@ -238,7 +244,7 @@ SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "antidiagonal": "mass",
 
 
 NUMBERED_OPTS = {"b": "block_size", "s": "samples", "x": "stride"}
-OPTS = "q, bN, sN, xN, dX, layer for oracle"
+OPTS = "q, c, bN, sN, xN, dX, LA-B, layer for oracle"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +260,8 @@ class Config:
     samples: int | None = None
     stride: int | None = None
     mass_decay: float | None = None
+    correct: bool = False
+    sparse_layers: range | None = None
 
     def settings(self, block_size: int, samples: int, local_blocks: int) -> SparseSettings:
         return SparseSettings(
@@ -264,6 +272,7 @@ class Config:
             mass_decay=SparseSettings.mass_decay if self.mass_decay is None else self.mass_decay,
             local_blocks=local_blocks,
             per_query_head=self.per_query_head,
+            correct=self.correct,
             **knobs(self.scorer, self.value),
         )
 
@@ -285,6 +294,11 @@ def parse_config(text: str) -> Config:
     for opt in filter(None, opts.split(",")):
         if opt == "q":
             fields["per_query_head"] = True
+        elif opt == "c":
+            fields["correct"] = True
+        elif opt[:1] == "L" and opt[1:].partition("-")[0].isdigit() and opt[1:].partition("-")[2].isdigit():
+            first, _, last = opt[1:].partition("-")
+            fields["sparse_layers"] = range(int(first), int(last) + 1)
         elif opt == "layer" and scorer == "oracle":
             fields["layer_mass"] = True
         elif opt[:1] in NUMBERED_OPTS and opt[1:].isdigit():
@@ -323,18 +337,15 @@ def report_line(name: str, s: dict[str, float], dense: dict[str, float]) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def policy_args(parser: argparse.ArgumentParser) -> None:
+    """The model, device and sparse-policy arguments this bench and `ruler_forced` share."""
     parser.add_argument("--model-dir", required=True)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--length", type=int, default=8192)
     parser.add_argument(
         "--configs", type=parse_config, nargs="+",
         default=[parse_config(default_config())],
         help="SCORER:VALUE[@OPT,...]: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
-        + "; OPT: q (per query head), bN (block size), sN (samples), xN (antidiagonal stride), dX (mass decay per "
-        "doubling), layer "
-        "(oracle: per-layer mass)",
+        + "; OPT: q (per query head), c (mean correction), LA-B (only layers A..B sparse), bN (block size), sN "
+        "(samples), xN (antidiagonal stride), dX (mass decay per doubling), layer (oracle: per-layer mass)",
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
     parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)
@@ -359,10 +370,6 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
-        "--corpus", choices=sorted(CORPORA), default=None,
-        help="the text (bench/accuracy/corpora.py); default: bench/lib/real_text.py's standard-library modules",
-    )  # fmt: skip
-    parser.add_argument(
         "--device",
         default="cuda",
         help="cuda: the package's FlashInfer sparse path in bf16; cpu: the same selection, then exact fp32 "
@@ -372,8 +379,22 @@ def main() -> None:
         "--emulate", action="store_true", help="on cuda too: fp32 model, exact chunked attention"
     )
     parser.add_argument("--tf32", action="store_true", help="TF32 matmuls (emulated attention at 128K)")
-    a = parser.parse_args()
 
+
+@dataclasses.dataclass
+class Loaded:
+    """The model and, per config, the attention function that runs its policy (`load`)."""
+
+    tokenizer: Any
+    model: Any
+    dense_attention: str  # the name of the dense attention function the model is switched back to
+    attentions: dict[str, SparseAttention]
+    emulate: bool
+
+
+def load(a: argparse.Namespace, parser: argparse.ArgumentParser) -> Loaded:
+    """Load `--model-dir` on `--device` (fp32 with exact attention when emulating) and build every config's
+    policy from `policy_args`' arguments."""
     from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
@@ -402,7 +423,33 @@ def main() -> None:
         )
         oracle = Oracle(per_layer=config.layer_mass) if config.scorer == "oracle" else None
         sparse = EmulatedPrefill(settings, oracle) if emulate else SparsePrefill.create(settings, workspace)
-        attentions[config.text] = SparseAttention(sparse, emulate)
+        attentions[config.text] = SparseAttention(sparse, emulate, config.sparse_layers)
+    return Loaded(tokenizer, model, dense_attention, attentions, emulate)
+
+
+def use_attention(model: Any, name: str, attention: Any = None) -> None:
+    """Switch the model to attention function `name` (registering `attention` under it first, if given)."""
+    from transformers import AttentionInterface
+
+    if attention is not None:
+        AttentionInterface.register(name, attention)
+    model.set_attn_implementation(name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    policy_args(parser)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--length", type=int, default=8192)
+    parser.add_argument(
+        "--corpus", choices=sorted(CORPORA), default=None,
+        help="the text (bench/accuracy/corpora.py); default: bench/lib/real_text.py's standard-library modules",
+    )  # fmt: skip
+    a = parser.parse_args()
+    loaded = load(a, parser)
+    tokenizer, model, dense_attention, attentions = (
+        loaded.tokenizer, loaded.model, loaded.dense_attention, loaded.attentions
+    )  # fmt: skip
     if a.corpus is None:
         ids = corpus_ids(tokenizer, a.prompts * a.length)
     else:
@@ -417,12 +464,11 @@ def main() -> None:
         tokens = torch.tensor([ids[i * a.length : (i + 1) * a.length]], device=a.device)
         scores = TextScores(model.lm_head, tokens[0])
         with torch.no_grad():
-            model.set_attn_implementation(dense_attention)
+            use_attention(model, dense_attention)
             dense = final_hidden(model, tokens)
             dense_rows.append(scores.score(dense))
             for n, (name, attention) in enumerate(attentions.items()):
-                AttentionInterface.register(f"prefill_ext_sparse_{n}", attention)
-                model.set_attn_implementation(f"prefill_ext_sparse_{n}")
+                use_attention(model, f"prefill_ext_sparse_{n}", attention)
                 row = scores.score(final_hidden(model, tokens), dense)
                 row["declined"] = float(attention.declined)
                 per_config[name].append(row)
@@ -449,7 +495,7 @@ def main() -> None:
         max_density=a.max_density, guard=a.guard, guard_every=a.guard_every, dense=dense_summary,
         selection="shared (first sparse layer)" if a.shared else "per layer", configs=summaries,
         device=(torch.cuda.get_device_name() if a.device == "cuda" else "cpu")
-        + (" (fp32, emulated: exact chunked attention)" if emulate else " (bf16, FlashInfer block-sparse)"),
+        + (" (fp32, emulated: exact chunked attention)" if loaded.emulate else " (bf16, FlashInfer block-sparse)"),
         per_prompt=dict(dense=dense_rows, **per_config),
     )  # fmt: skip
     if a.json:

@@ -10,7 +10,8 @@
 #                 (TTFTs are not shared), `ruler run $RULER_ARGS` -> $STATE/$TAG-<name>.jsonl (kept across calls);
 #                 then `ruler compare` of the $TAG files of COMPARE's servers (default: all, in start order), the
 #                 first as dense -> $OUT/$TAG-compare.md/.json, and every $TAG file in $OUT/$TAG-jsonl.tar.gz;
-#                 the file the dev rule picks (`ruler.choose`) -> $STATE/$TAG-chosen.
+#                 the file the dev rule picks (`ruler.choose`) -> $STATE/$TAG-chosen. ASK_TIMEOUT [0: none]
+#                 bounds each server's run (the cases asked by then are kept).
 #   STEP=stop     stop every server.
 # Environment: TAG [ruler]: names a sweep's files; MODEL [/tmp/qwen-coder-hf-yarn4]; SERVER_ARGS [--context-length 131072 --mem-fraction-static 0.7
 #   --max-total-tokens 300000: several servers share the GPU]; OUT; STATE [/tmp/ruler-state]; SITE_EXT
@@ -82,7 +83,7 @@ ask)
     [ -n "$port" ] || { log "$name: no such server"; continue; }
     log "$name: ruler run $RULER_ARGS"
     # shellcheck disable=SC2086  # RULER_ARGS is a flag list
-    $PY -m bench.accuracy.ruler run --url "http://127.0.0.1:$port" --model-dir "$MODEL" --label "$name" \
+    timeout "${ASK_TIMEOUT:-0}" $PY -m bench.accuracy.ruler run --url "http://127.0.0.1:$port" --model-dir "$MODEL" --label "$name" \
       --out "$STATE/$TAG-$name.jsonl" $RULER_ARGS
   done
   order=${COMPARE:-$(cut -d' ' -f1 "$STATE/servers" | tr '\n' ' ')}

@@ -107,6 +107,13 @@ class SparseSettings:
         "With --prefill-ext-sparse-guard: also check every N-th sparse layer after the first (a decline there "
         "leaves the layers before it sparse; each check costs what the first does); 0: the first sparse layer only.",
     )
+    correct: bool = _setting(
+        False,
+        "Mean correction: each row also attends, at its blocks' mean key and value, to the key blocks its "
+        "selection dropped (ops/correction.py), instead of renormalising the kept blocks as if the dropped "
+        "attention were zero. Cost per sparse layer: one mean of K and V per key block and a pooled attention "
+        "of 1/block_size of dense QK^T and PV.",
+    )
     dense_layers: int = _setting(0, "The first N layers always run dense attention.")
     max_density: float = _setting(
         0.6,

@@ -1,0 +1,263 @@
+"""The RULER-style suite's retrieval items through transformers, teacher-forced: where sparse prefill loses them.
+
+    python -m bench.accuracy.ruler_forced run --model-dir DIR --out-dir OUT [--split dev] [--lengths 130000]
+        [--prompts 8] [--first 0] [--configs SCORER:VALUE[@OPT,...] ...] [policy options of sparse_accuracy]
+    python -m bench.accuracy.ruler compare OUT/dense.jsonl OUT/<config>.jsonl ...
+    python -m bench.accuracy.ruler_forced choose OUT/summary.json --among CONFIG ...   # -> server flags
+
+The cases of `ruler.py` (the same haystacks, needles and questions: `ruler.cases_of`), without a server.
+Per case the haystack runs once per config: dense, then through each config's policy (`sparse_accuracy`'s
+`SparseAttention`: the serving policy, FlashInfer in bf16, or exact fp32 attention over the kept blocks with
+--emulate; `oracle:MASS`, `@LA-B`: only layers A..B sparse, `@c`: the mean correction), its KV kept; then
+every `single` and `multikey` question runs densely over that KV with its answer appended, as a question that
+hits the radix cache runs on the server. An item is right when the argmax at every answer position is the
+answer's token (greedy decoding would write the answer's number first); its log-probability is the sum over
+the answer's tokens. One JSONL per config in --out-dir, rows keyed like `ruler run`'s, so `ruler compare`
+gives lost, gained and McNemar's p; `summary.json` and stdout add, per config and family, the mean change of
+the answer's log-probability against dense with its spread, and the kept-block density. `choose` applies the
+dev rule (`choose`) and prints the chosen config's server flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.accuracy import corpora, ruler, sparse_accuracy, tasks
+from bench.lib.stats import mcnemar_exact
+from sglang_prefill_ext.config import sparse_flags
+from sglang_prefill_ext.ops.settings import SparseSettings
+
+FAMILIES = ("single", "multikey")  # one number per answer: its tokens are the item
+
+
+def slug(name: str) -> str:
+    """A file name for a config's text."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def answer_ids(encode: Any, question: tasks.Question) -> tuple[list[int], list[int]]:
+    """The question's prompt suffix and its answer's tokens, tokenized together (the answer follows the
+    question's last word as greedy decoding would write it)."""
+    asked = encode("\n\n" + question.text)
+    both = encode("\n\n" + question.text + " " + question.answers[0])
+    if both[: len(asked)] != asked:
+        raise ValueError(f"ruler_forced: the answer changes the question's tokens ({question.text[-40:]!r})")
+    return asked, both[len(asked) :]
+
+
+def forced_item(
+    model: Any, cache: Any, context_len: int, asked: list[int], answer: list[int]
+) -> tuple[bool, float]:
+    """Whether the argmax is the answer at every answer position, and the answer's log-probability, with the
+    question and answer run over `cache` (cropped back to the context after)."""
+    device = model.lm_head.weight.device
+    ids = torch.tensor([asked + answer], device=device)
+    hidden = model.model(ids, past_key_values=cache, use_cache=True).last_hidden_state[0]
+    cache.crop(context_len)
+    logp = model.lm_head(hidden[len(asked) - 1 : -1]).float().log_softmax(-1)
+    target = torch.tensor(answer, device=device)
+    return bool((logp.argmax(-1) == target).all()), float(logp.gather(-1, target[:, None]).sum())
+
+
+def run_config(
+    model: Any, context: list[int], items: list[tuple[tasks.Question, list[int], list[int]]], dense_name: str
+) -> tuple[list[tuple[bool, float]], float]:
+    """The haystack through the model's current attention, then each item densely over its KV; with the
+    haystack's forward time."""
+    from transformers import DynamicCache
+
+    device = model.lm_head.weight.device
+    cache = DynamicCache()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    model.model(torch.tensor([context], device=device), past_key_values=cache, use_cache=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    sparse_accuracy.use_attention(model, "sdpa")
+    out = [forced_item(model, cache, len(context), asked, answer) for _, asked, answer in items]
+    sparse_accuracy.use_attention(model, dense_name)
+    return out, seconds
+
+
+def summarize(rows: dict[str, list[dict[str, Any]]], densities: dict[str, list[float]]) -> dict[str, Any]:
+    """Per config and family: items, right, lost / gained against dense, and the mean change of the answer's
+    log-probability with its standard deviation; per config the mean kept-block density."""
+    dense = rows["dense"]
+    out: dict[str, Any] = {}
+    for name, config_rows in rows.items():
+        per_family = {}
+        for family in FAMILIES:
+            pairs = [(d, r) for d, r in zip(dense, config_rows, strict=True) if d["family"] == family]
+            deltas = [r["logprob"] - d["logprob"] for d, r in pairs]
+            lost = sum(d["right"] and not r["right"] for d, r in pairs)
+            gained = sum(r["right"] and not d["right"] for d, r in pairs)
+            per_family[family] = dict(
+                n=len(pairs),
+                dense=sum(d["right"] for d, _ in pairs),
+                right=sum(r["right"] for _, r in pairs),
+                lost=lost,
+                gained=gained,
+                p=mcnemar_exact(lost, gained),
+                dlogprob=statistics.mean(deltas) if deltas else 0.0,
+                dlogprob_sd=statistics.stdev(deltas) if len(deltas) > 1 else 0.0,
+            )
+        forward = [r["forward_s"] for r in config_rows if r["first"]]
+        out[name] = dict(
+            families=per_family,
+            density=statistics.mean(densities[name]) if densities.get(name) else 1.0,
+            forward_s=statistics.median(forward),
+        )
+    return out
+
+
+def report(summary: dict[str, Any]) -> str:
+    lines = [
+        "| config | family | n | dense | right | lost | gained | p | d logprob (sd) | density | forward s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in summary.items():
+        for family, f in s["families"].items():
+            lines.append(
+                f"| {name} | {family} | {f['n']} | {f['dense']} | {f['right']} | {f['lost']} | {f['gained']} "
+                f"| {f['p']:.3g} | {f['dlogprob']:+.3f} ({f['dlogprob_sd']:.3f}) | {s['density']:.3f} "
+                f"| {s['forward_s']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def choose(summary: dict[str, Any], among: list[str]) -> str:
+    """The dev rule, fixed before the dev run: among the `among` configs, those that keep every dense answer
+    net (lost - gained <= 0 over the families) pass, and the least dense passing one is chosen (a tie: the one
+    without the mean correction, then the higher answer log-probability); if none passes, the fewest net lost,
+    then the higher answer log-probability."""
+
+    def net_lost(name: str) -> int:
+        return sum(f["lost"] - f["gained"] for f in summary[name]["families"].values())
+
+    def dlogprob(name: str) -> float:
+        families = summary[name]["families"].values()
+        return sum(f["dlogprob"] * f["n"] for f in families) / max(1, sum(f["n"] for f in families))
+
+    passing = [name for name in among if net_lost(name) <= 0]
+    if passing:
+        return min(
+            passing,
+            key=lambda n: (summary[n]["density"], sparse_accuracy.parse_config(n).correct, -dlogprob(n)),
+        )
+    return min(among, key=lambda n: (net_lost(n), -dlogprob(n)))
+
+
+def server_flags(config_text: str) -> list[str]:
+    """The server flags that run a --configs entry's selection (the server's other settings at their defaults)."""
+    config = sparse_accuracy.parse_config(config_text)
+    settings = config.settings(SparseSettings.block_size, SparseSettings.samples, SparseSettings.local_blocks)
+    return ["--enable-prefill-ext", "--prefill-ext-sparse", *sparse_flags(settings)]
+
+
+def cmd_choose(a: argparse.Namespace) -> None:
+    """Print the server flags of the config the dev rule picks from a run's summary.json."""
+    summary = json.loads(Path(a.summary).read_text())
+    chosen = choose(summary, a.among)
+    print(f"chosen by the dev rule: {chosen}", file=sys.stderr)
+    if a.config_out:
+        Path(a.config_out).write_text(chosen + "\n")
+    print(" ".join(server_flags(chosen)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="teacher-forced items per config -> --out-dir")
+    sparse_accuracy.policy_args(run)
+    run.add_argument("--out-dir", type=Path, required=True)
+    run.add_argument("--split", choices=sorted(corpora.SPLITS), default="dev")
+    run.add_argument("--lengths", type=int, nargs="+", default=[130000])
+    run.add_argument("--prompts", type=int, default=8)
+    run.add_argument("--first", type=int, default=0)
+    pick = sub.add_parser(
+        "choose", help="the dev rule's pick among configs of a summary.json, as server flags"
+    )
+    pick.add_argument("summary")
+    pick.add_argument("--among", nargs="+", required=True, help="--configs entries of the run")
+    pick.add_argument("--config-out", help="also write the chosen --configs entry here")
+    a = parser.parse_args()
+    if a.command == "choose":
+        cmd_choose(a)
+    else:
+        cmd_run(a, run)
+
+
+def cmd_run(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    loaded = sparse_accuracy.load(a, parser)
+    model, tokenizer = loaded.model, loaded.tokenizer
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    names = ["dense", *loaded.attentions]
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    densities: dict[str, list[float]] = {name: [] for name in loaded.attentions}
+    for case_no, (fields, case) in enumerate(
+        ruler.cases_of(a.split, a.lengths, a.prompts, a.first, tokenizer)
+    ):
+        items = [(q, *answer_ids(encode, q)) for q in case.questions if q.family in FAMILIES]
+        with torch.no_grad():
+            for n, name in enumerate(names):
+                if name == "dense":
+                    sparse_accuracy.use_attention(model, loaded.dense_attention)
+                else:
+                    sparse_accuracy.use_attention(model, f"prefill_ext_sparse_{n}", loaded.attentions[name])
+                results, seconds = run_config(model, case.context, items, loaded.dense_attention)
+                if name != "dense":
+                    forward = loaded.attentions[name].densities[-1]
+                    densities[name].append(
+                        statistics.mean(statistics.mean(h) for h in forward.values()) if forward else 1.0
+                    )
+                for i, ((q, asked, _), (right, logprob)) in enumerate(zip(items, results, strict=True)):
+                    rows[name].append(
+                        dict(
+                            fields,
+                            label=name,
+                            family=q.family,
+                            ask=q.ask,
+                            cold=False,
+                            first=i == 0,
+                            prompt_sha=ruler.prompt_sha(case.context + asked),
+                            answers=list(q.answers),
+                            right=right,
+                            logprob=logprob,
+                            forward_s=seconds,
+                            ttft_s=None,
+                        )
+                    )
+        print(f"case {case_no + 1}: " + ", ".join(
+            f"{name} {sum(r['right'] for r in rows[name][-len(items):])}/{len(items)}" for name in names
+        ), flush=True)  # fmt: skip
+        summary = write(a.out_dir, rows, densities)  # after every case: a run cut short keeps its cases
+    print(report(summary), flush=True)
+
+
+def write(out_dir: Path, rows: dict[str, list[dict[str, Any]]], densities: dict[str, list[float]]) -> dict:
+    """Each config's JSONL and summary.json, from the rows so far."""
+    for name, config_rows in rows.items():
+        with open(out_dir / f"{slug(name)}.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in config_rows)
+    summary = summarize(rows, densities)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""bench.accuracy.ruler_forced on a tiny random Llama (no download): the forced item over the cached haystack is
+the full prompt's own log-probability, an item is right exactly when greedy decoding writes the answer, and a
+policy keeping every block scores as dense."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import pytest
+import torch
+
+LENGTH, BLOCK = 256, 32
+
+
+@pytest.fixture(scope="module")
+def forced() -> ModuleType:
+    return importlib.import_module("bench.accuracy.ruler_forced")
+
+
+@pytest.fixture(scope="module")
+def model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=96, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=2 * LENGTH,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def full_logprob(model, ids: list[int], answer: list[int]) -> float:
+    with torch.no_grad():
+        logp = model(torch.tensor([ids + answer])).logits[0].float().log_softmax(-1)
+    rows = torch.arange(len(ids) - 1, len(ids) + len(answer) - 1)
+    return float(logp[rows, torch.tensor(answer)].sum())
+
+
+def test_answer_ids_split_question_and_answer(forced: ModuleType) -> None:
+    from bench.accuracy import tasks
+
+    question = tasks.Question("single", "What is it?\nAnswer: It is", ("4217",), 12)
+    asked, answer = forced.answer_ids(lambda t: [ord(c) for c in t], question)
+    assert "".join(map(chr, asked)) == "\n\nWhat is it?\nAnswer: It is"
+    assert "".join(map(chr, answer)) == " 4217"
+
+
+def test_forced_item_over_the_cache_is_the_whole_prompts_logprob(forced: ModuleType, model) -> None:
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(1)
+    context = torch.randint(0, 128, (LENGTH,), generator=gen).tolist()
+    asked, answer = [5, 6, 7], [9, 10, 11, 12]
+    cache = DynamicCache()
+    with torch.no_grad():
+        model.model(torch.tensor([context]), past_key_values=cache, use_cache=True)
+        first = forced.forced_item(model, cache, LENGTH, asked, answer)
+        again = forced.forced_item(model, cache, LENGTH, asked, answer)  # the crop left the haystack alone
+    assert first == again
+    assert first[1] == pytest.approx(full_logprob(model, context + asked, answer), abs=1e-4)
+    with torch.no_grad():
+        greedy = model.generate(
+            torch.tensor([context + asked]), max_new_tokens=4, do_sample=False, pad_token_id=0
+        )[0, -4:].tolist()
+    cache = DynamicCache()
+    with torch.no_grad():
+        model.model(torch.tensor([context]), past_key_values=cache, use_cache=True)
+        assert forced.forced_item(model, cache, LENGTH, asked, greedy)[0]
+        wrong = [(greedy[0] + 1) % 128, *greedy[1:]]
+        assert not forced.forced_item(model, cache, LENGTH, asked, wrong)[0]
+
+
+def test_keeping_every_block_scores_as_dense(forced: ModuleType, model) -> None:
+    from bench.accuracy import sparse_accuracy, tasks
+    from sglang_prefill_ext.ops import SparseSettings
+
+    gen = torch.Generator().manual_seed(2)
+    context = torch.randint(0, 128, (LENGTH,), generator=gen).tolist()
+    question = tasks.Question("single", "q", ("1",), 4)
+    items = [(question, [5, 6], [7, 8]), (question, [9], [10, 11])]
+    settings = SparseSettings(block_size=BLOCK, mass=1.0, max_density=1.0, correct=True)
+    policy = sparse_accuracy.SparseAttention(sparse_accuracy.EmulatedPrefill(settings), emulate=True)
+    with torch.no_grad():
+        sparse_accuracy.use_attention(model, "test_forced_sparse", policy)
+        sparse, _ = forced.run_config(model, context, items, "sdpa")
+        dense, _ = forced.run_config(model, context, items, "sdpa")
+    assert [r for r, _ in sparse] == [r for r, _ in dense]
+    for (_, s), (_, d) in zip(sparse, dense, strict=True):
+        assert s == pytest.approx(d, abs=1e-3)
+    assert policy.densities[-1], "the haystack ran through the policy"
+
+
+def test_summary_counts_lost_gained_and_logprob_change(forced: ModuleType) -> None:
+    def row(family: str, right: bool, logprob: float, first: bool) -> dict:
+        return dict(family=family, right=right, logprob=logprob, first=first, forward_s=2.0)
+
+    rows = {
+        "dense": [row("single", True, -1.0, True), row("single", True, -2.0, False), row("multikey", False, -5.0, False)],
+        "sp": [row("single", False, -4.0, True), row("single", True, -2.5, False), row("multikey", True, -1.0, False)],
+    }  # fmt: skip
+    summary = forced.summarize(rows, {"sp": [0.2, 0.3]})
+    single = summary["sp"]["families"]["single"]
+    assert (single["n"], single["dense"], single["right"], single["lost"], single["gained"]) == (
+        2,
+        2,
+        1,
+        1,
+        0,
+    )
+    assert single["dlogprob"] == pytest.approx(-1.75)
+    assert summary["sp"]["families"]["multikey"]["gained"] == 1
+    assert summary["sp"]["density"] == pytest.approx(0.25)
+    assert summary["dense"]["families"]["single"]["lost"] == 0
+
+
+def _summary(**configs: tuple[int, int, float, float]) -> dict:
+    """name -> (lost, gained, dlogprob, density), one family of 10 items."""
+    return {
+        name: dict(
+            families={"single": dict(n=10, lost=lost, gained=gained, dlogprob=dlogprob)}, density=density
+        )
+        for name, (lost, gained, dlogprob, density) in configs.items()
+    }
+
+
+def test_the_dev_rule_takes_the_least_dense_config_that_keeps_every_answer(forced: ModuleType) -> None:
+    a, b, c = "antidiagonal:0.8@x16,q", "antidiagonal:0.8@x16,q,c", "antidiagonal:0.9@x16,q"
+    summary = _summary(**{a: (2, 0, -0.5, 0.10), b: (1, 1, -0.1, 0.10), c: (0, 0, -0.2, 0.15)})
+    assert forced.choose(summary, [a, b, c]) == b  # passes (net 0), as dense as a
+    summary[b]["families"]["single"]["lost"] = 2
+    assert forced.choose(summary, [a, b, c]) == c  # the only one passing
+    summary[c]["families"]["single"]["lost"] = 3
+    assert forced.choose(summary, [a, b, c]) == b  # none passes: fewest net lost, then log-probability
+
+
+def test_server_flags_give_the_configs_selection(forced: ModuleType) -> None:
+    from sglang_prefill_ext.config import PrefillExtConfig
+
+    flags = forced.server_flags("antidiagonal:0.9@x16,q,c")
+    assert flags[:2] == ["--enable-prefill-ext", "--prefill-ext-sparse"]
+    assert flags[2:] == ["--prefill-ext-sparse-mass", "0.9", "--prefill-ext-sparse-correct", "true"]
+    assert forced.server_flags("antidiagonal:0.8@x16,q") == flags[:2]  # the server's defaults
+    pairs = dict(zip(flags[2::2], flags[3::2], strict=True))
+    options = {k.removeprefix("--prefill-ext-").replace("-", "_"): v for k, v in pairs.items()}
+    settings = PrefillExtConfig.from_options(options).sparse_settings
+    assert (settings.mass, settings.correct) == (0.9, True)
