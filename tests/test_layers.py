@@ -34,6 +34,7 @@ def imported_modules(folder: Path) -> dict[str, set[str]]:
         ("radix", ("sglang_prefill_ext.radix",), {"sglang", "torch"}),
         ("runner", ("sglang_prefill_ext.runner", "sglang_prefill_ext.radix"), {"sglang", "torch"}),
         ("ops", ("sglang_prefill_ext.ops",), {"sglang"}),
+        ("blend", ("sglang_prefill_ext.blend", "sglang_prefill_ext.ops"), {"sglang", "transformers"}),
         (
             "doctor",
             ("sglang_prefill_ext.doctor", "sglang_prefill_ext.runner.pass_cost"),

@@ -55,18 +55,19 @@ def blend_attention(
     """[queries, heads, d] in q's dtype, through SDPA in that dtype."""
     _check(q, k, v, q_pos)
     group = q.shape[1] // k.shape[1]
-    kh = k.repeat_interleave(group, dim=1).transpose(0, 1)
-    vh = v.repeat_interleave(group, dim=1).transpose(0, 1)
+    # [1, heads, tokens, d]: SDPA's fused kernels take 4-d inputs only (3-d ones run its math path)
+    kh = k.repeat_interleave(group, dim=1).transpose(0, 1)[None]
+    vh = v.repeat_interleave(group, dim=1).transpose(0, 1)[None]
     out = torch.empty_like(q)
     for start in range(0, q.shape[0], QUERY_BLOCK):
         rows = slice(start, start + QUERY_BLOCK)
         pos = q_pos[rows]
         seen = int(pos.max()) + 1  # keys past the block's last query position are masked for all of it
         out[rows] = F.scaled_dot_product_attention(
-            q[rows].transpose(0, 1),
-            kh[:, :seen],
-            vh[:, :seen],
-            attn_mask=_visible(pos, seen),
+            q[rows].transpose(0, 1)[None],
+            kh[:, :, :seen],
+            vh[:, :, :seen],
+            attn_mask=_visible(pos, seen)[None, None],
             scale=sm_scale,
-        ).transpose(0, 1)
+        )[0].transpose(0, 1)
     return out
