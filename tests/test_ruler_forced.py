@@ -81,7 +81,7 @@ def test_keeping_every_block_scores_as_dense(forced: ModuleType, model) -> None:
     context = torch.randint(0, 128, (LENGTH,), generator=gen).tolist()
     question = tasks.Question("single", "q", ("1",), 4)
     items = [(question, [5, 6], [7, 8]), (question, [9], [10, 11])]
-    settings = SparseSettings(block_size=BLOCK, mass=1.0, max_density=1.0, correct=True)
+    settings = SparseSettings(block_size=BLOCK, mass=1.0, max_density=1.0)
     policy = sparse_accuracy.SparseAttention(sparse_accuracy.EmulatedPrefill(settings), emulate=True)
     with torch.no_grad():
         sparse_accuracy.use_attention(model, "test_forced_sparse", policy)
@@ -127,7 +127,7 @@ def _summary(**configs: tuple[int, int, float, float]) -> dict:
 
 
 def test_the_dev_rule_takes_the_least_dense_config_that_keeps_every_answer(forced: ModuleType) -> None:
-    a, b, c = "antidiagonal:0.8@x16,q", "antidiagonal:0.8@x16,q,c", "antidiagonal:0.9@x16,q"
+    a, b, c = "antidiagonal:0.8@x16,q", "antidiagonal:0.8@x16,q,d0.05", "antidiagonal:0.9@x16,q"
     summary = _summary(**{a: (2, 0, -0.5, 0.10), b: (1, 1, -0.1, 0.10), c: (0, 0, -0.2, 0.15)})
     assert forced.choose(summary, [a, b, c]) == b  # passes (net 0), as dense as a
     summary[b]["families"]["single"]["lost"] = 2
@@ -139,11 +139,11 @@ def test_the_dev_rule_takes_the_least_dense_config_that_keeps_every_answer(force
 def test_server_flags_give_the_configs_selection(forced: ModuleType) -> None:
     from sglang_prefill_ext.config import PrefillExtConfig
 
-    flags = forced.server_flags("antidiagonal:0.9@x16,q,c")
+    flags = forced.server_flags("antidiagonal:0.8@x16,q,L7-13")
     assert flags[:2] == ["--enable-prefill-ext", "--prefill-ext-sparse"]
-    assert flags[2:] == ["--prefill-ext-sparse-mass", "0.9", "--prefill-ext-sparse-correct", "true"]
-    assert forced.server_flags("antidiagonal:0.8@x16,q") == flags[:2]  # the server's defaults
+    assert flags[2:] == ["--prefill-ext-sparse-mass", "0.8"]  # layer ranges are the study's alone
+    assert forced.server_flags("antidiagonal:0.9@x16,q") == flags[:2]  # the server's defaults
     pairs = dict(zip(flags[2::2], flags[3::2], strict=True))
     options = {k.removeprefix("--prefill-ext-").replace("-", "_"): v for k, v in pairs.items()}
     settings = PrefillExtConfig.from_options(options).sparse_settings
-    assert (settings.mass, settings.correct) == (0.9, True)
+    assert settings.mass == 0.8

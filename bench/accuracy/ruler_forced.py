@@ -8,7 +8,7 @@
 The cases of `ruler.py` (the same haystacks, needles and questions: `ruler.cases_of`), without a server.
 Per case the haystack runs once per config: dense, then through each config's policy (`sparse_accuracy`'s
 `SparseAttention`: the serving policy, FlashInfer in bf16, or exact fp32 attention over the kept blocks with
---emulate; `oracle:MASS`, `@LA-B`: only layers A..B sparse, `@c`: the mean correction), its KV kept; then
+--emulate; `oracle:MASS`, `@LA-B`: only layers A..B sparse), its KV kept; then
 every `single` and `multikey` question runs densely over that KV with its answer appended, as a question that
 hits the radix cache runs on the server. An item is right when the argmax at every answer position is the
 answer's token (greedy decoding would write the answer's number first); its log-probability is the sum over
@@ -138,8 +138,8 @@ def report(summary: dict[str, Any]) -> str:
 
 def choose(summary: dict[str, Any], among: list[str]) -> str:
     """The dev rule, fixed before the dev run: among the `among` configs, those that keep every dense answer
-    net (lost - gained <= 0 over the families) pass, and the least dense passing one is chosen (a tie: the one
-    without the mean correction, then the higher answer log-probability); if none passes, the fewest net lost,
+    net (lost - gained <= 0 over the families) pass, and the least dense passing one is chosen (a tie: the
+    higher answer log-probability); if none passes, the fewest net lost,
     then the higher answer log-probability."""
 
     def net_lost(name: str) -> int:
@@ -153,7 +153,7 @@ def choose(summary: dict[str, Any], among: list[str]) -> str:
     if passing:
         return min(
             passing,
-            key=lambda n: (summary[n]["density"], sparse_accuracy.parse_config(n).correct, -dlogprob(n)),
+            key=lambda n: (summary[n]["density"], -dlogprob(n)),
         )
     return min(among, key=lambda n: (net_lost(n), -dlogprob(n)))
 

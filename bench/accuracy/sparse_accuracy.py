@@ -26,8 +26,7 @@ the mean over prompts of each forward's lowest, and the lowest; the JSON has it 
 SCORER:VALUE: sampled:MASS, pooled:THRESHOLD, hybrid:THRESHOLD,MASS, antidiagonal:MASS, and (with --emulate)
 oracle:MASS, which keeps, per head and query block, the fewest blocks holding MASS of the layer's exact
 attention (plus sinks, local window, last rows): what a perfect scorer would keep, a bound on any selection at
-that density. OPT (comma-separated): `q` one selection per query head instead of per KV head; `c` the mean
-correction of the dropped blocks (`SparseSettings.correct`); `LA-B` only layers A..B go sparse, the others
+that density. OPT (comma-separated): `q` one selection per query head instead of per KV head; `LA-B` only layers A..B go sparse, the others
 dense (where the loss is: swap sparse in one range at a time); `bN` N-token
 blocks instead of --block-size; `sN` N sampled rows per block instead of --samples; `xN` antidiagonal stride
 N; `dX` the mass lowered by X per doubling of the prompt beyond `SparseSettings.mass_len` instead of the
@@ -52,7 +51,7 @@ from bench.accuracy import corpora
 from bench.accuracy.corpora import CORPORA
 from bench.lib.real_text import corpus_ids
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
-from sglang_prefill_ext.ops.exact import block_sparse_attention, block_sparse_attention_lse, exact_block_mass
+from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
 from sglang_prefill_ext.ops.selection import largest_holding, mass_fraction, select_by_mass, structural_blocks
 
 TAIL_FROM = 1024
@@ -97,6 +96,7 @@ class EmulatedPrefill(SparsePrefill):
     def __init__(self, settings: SparseSettings, oracle: Oracle | None = None) -> None:
         super().__init__(settings, None)
         self.oracle = oracle
+        self._sm_scale = 1.0
 
     def select(self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float) -> torch.Tensor:
         if self.oracle is None:
@@ -113,11 +113,9 @@ class EmulatedPrefill(SparsePrefill):
         self.mask, self._sm_scale, self.planned = mask, sm_scale, True
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
-        out, lse = block_sparse_attention_lse(
+        out = block_sparse_attention(
             q, k_buffer, v_buffer, self._sm_scale, self.mask, self.settings.block_size
         )
-        if self.settings.correct:
-            return self.corrected(q, k_buffer, v_buffer, out, lse).to(q.dtype)
         return out.to(q.dtype)
 
 
@@ -260,7 +258,6 @@ class Config:
     samples: int | None = None
     stride: int | None = None
     mass_decay: float | None = None
-    correct: bool = False
     sparse_layers: range | None = None
 
     def settings(self, block_size: int, samples: int, local_blocks: int) -> SparseSettings:
@@ -272,7 +269,6 @@ class Config:
             mass_decay=SparseSettings.mass_decay if self.mass_decay is None else self.mass_decay,
             local_blocks=local_blocks,
             per_query_head=self.per_query_head,
-            correct=self.correct,
             **knobs(self.scorer, self.value),
         )
 
@@ -294,8 +290,6 @@ def parse_config(text: str) -> Config:
     for opt in filter(None, opts.split(",")):
         if opt == "q":
             fields["per_query_head"] = True
-        elif opt == "c":
-            fields["correct"] = True
         elif opt[:1] == "L" and opt[1:].partition("-")[0].isdigit() and opt[1:].partition("-")[2].isdigit():
             first, _, last = opt[1:].partition("-")
             fields["sparse_layers"] = range(int(first), int(last) + 1)
@@ -344,7 +338,7 @@ def policy_args(parser: argparse.ArgumentParser) -> None:
         "--configs", type=parse_config, nargs="+",
         default=[parse_config(default_config())],
         help="SCORER:VALUE[@OPT,...]: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
-        + "; OPT: q (per query head), c (mean correction), LA-B (only layers A..B sparse), bN (block size), sN "
+        + "; OPT: q (per query head), LA-B (only layers A..B sparse), bN (block size), sN "
         "(samples), xN (antidiagonal stride), dX (mass decay per doubling), layer (oracle: per-layer mass)",
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)

@@ -26,8 +26,8 @@ PY=${PY:-python3}
 OUT=${OUT:-$REPO/out-study}
 STUDY=${STUDY:-/tmp/sparse-study}
 MODEL=${MODEL:-/tmp/qwen-coder-hf-yarn4}
-DEFAULT_CONFIG=${DEFAULT_CONFIG:-antidiagonal:0.8@x16,q}
-CANDIDATES=${CANDIDATES:-$DEFAULT_CONFIG $DEFAULT_CONFIG,c antidiagonal:0.9@x16,q antidiagonal:0.9@x16,q,c}
+DEFAULT_CONFIG=${DEFAULT_CONFIG:-antidiagonal:0.9@x16,q}
+CANDIDATES=${CANDIDATES:-antidiagonal:0.8@x16,q $DEFAULT_CONFIG antidiagonal:0.95@x16,q}
 DEV_CONFIGS=${DEV_CONFIGS:-$CANDIDATES $DEFAULT_CONFIG,L0-6 $DEFAULT_CONFIG,L7-13 $DEFAULT_CONFIG,L14-20 $DEFAULT_CONFIG,L21-27}
 mkdir -p "$OUT" "$STUDY"
 log() { echo "[study $(date +%H:%M:%S)] $*"; }

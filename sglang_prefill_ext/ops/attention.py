@@ -247,14 +247,3 @@ class BlockSparseAttention:
         pages = (k_buffer.view(-1, 1, 1, head_dim), v_buffer.view(-1, 1, 1, head_dim))
         out = self._wrapper.run(to_head_major(q, self._num_kv_heads), pages)
         return to_token_major(out, self._num_kv_heads)
-
-    def run_with_lse(
-        self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`run`, and each row's base-2 log-sum-exp over its kept keys [N, Hq] float32."""
-        head_dim = q.shape[-1]
-        pages = (k_buffer.view(-1, 1, 1, head_dim), v_buffer.view(-1, 1, 1, head_dim))
-        out, lse = self._wrapper.run(to_head_major(q, self._num_kv_heads), pages, return_lse=True)
-        return to_token_major(out, self._num_kv_heads), to_token_major(lse[..., None], self._num_kv_heads)[
-            ..., 0
-        ]

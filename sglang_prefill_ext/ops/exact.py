@@ -11,8 +11,6 @@ from collections.abc import Iterator
 
 import torch
 
-_LOG2E = 1.4426950408889634
-
 
 def _causal_scores(
     q: torch.Tensor, k: torch.Tensor, sm_scale: float, keep: torch.Tensor | None, block_size: int, chunk: int
@@ -48,29 +46,13 @@ def block_sparse_attention(
     """Causal attention of q [L, Hq, D] over k, v [L, Hkv, D] restricted to the key blocks `keep`
     [Hkv or Hq, R, C] keeps (None: every causal key): [L, Hq, D] fp32. Peak memory ~ Hq x `chunk` x L
     floats."""
-    return block_sparse_attention_lse(q, k, v, sm_scale, keep, block_size, chunk)[0]
-
-
-def block_sparse_attention_lse(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    sm_scale: float,
-    keep: torch.Tensor | None = None,
-    block_size: int = 128,
-    chunk: int = 1024,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`block_sparse_attention`, and each row's base-2 log-sum-exp of its scaled logits [L, Hq] fp32 (as
-    FlashInfer returns it)."""
     length, num_qo_heads, head_dim = q.shape
     values = v.float().transpose(0, 1)[:, None]
     out = torch.empty(length, num_qo_heads, head_dim, dtype=torch.float32, device=q.device)
-    lse = torch.empty(length, num_qo_heads, dtype=torch.float32, device=q.device)
     for start, end, s in _causal_scores(q, k, sm_scale, keep, block_size, chunk):
         o = torch.matmul(torch.softmax(s, -1), values[:, :, :end])  # [Hkv, G, n, D]
         out[start:end] = o.permute(2, 0, 1, 3).reshape(end - start, num_qo_heads, head_dim)
-        lse[start:end] = (torch.logsumexp(s, -1) * _LOG2E).permute(2, 0, 1).reshape(end - start, num_qo_heads)
-    return out, lse
+    return out
 
 
 def exact_block_mass(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 
 from .attention import BlockSparseAttention
-from .correction import dropped_attention, merge_states, pooled_kv
 from .guard import kept_share, low_quantile
 from .layout import BlockLayout
 from .plan import build_plan_indices, device_plan_indices
@@ -38,7 +37,6 @@ class SparsePrefill:
         self._packing: Packing | None = None  # the antidiagonal scorer's, per layout
         self.planned = False
         self.mask: torch.Tensor | None = None
-        self._sm_scale = 1.0  # the planned attention's, for the mean correction
         self._indices: torch.Tensor | None = None  # with settings.plan_once: later layers' kv_indices
         self.guard_stats: dict[int, float] = {}  # this forward's guard statistic per checked sparse layer
         self.declined = False  # this forward runs dense from the layer that declined it
@@ -164,7 +162,6 @@ class SparsePrefill:
             indices = build_plan_indices(mask, self.layout, self._locs, num_kv_heads)
             self.attention.plan(indices, *problem, reusable=once)
         self.mask = mask
-        self._sm_scale = sm_scale
         self.planned = True
 
     def head_densities(self, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -241,23 +238,5 @@ class SparsePrefill:
         return self.run(q, k_buffer, v_buffer)
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
-        """The planned attention of q [N, Hq, D] over the kept blocks (with `settings.correct`, and over the
-        dropped ones at their mean key and value)."""
-        if not self.settings.correct:
-            return self.attention.run(q, k_buffer, v_buffer)
-        return self.corrected(q, k_buffer, v_buffer, *self.attention.run_with_lse(q, k_buffer, v_buffer))
-
-    def corrected(
-        self,
-        q: torch.Tensor,
-        k_buffer: torch.Tensor,
-        v_buffer: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-    ) -> torch.Tensor:
-        """The kept blocks' attention `out` with its base-2 log-sum-exp `lse` [N, Hq], merged with the mean
-        correction of the blocks `mask` drops (ops/correction.py)."""
-        assert self.mask is not None, "plan first"
-        kbar, vbar = pooled_kv(k_buffer, v_buffer, self.layout, self._locs)
-        dropped = dropped_attention(q, kbar, vbar, self.mask, self.layout, self._sm_scale)
-        return merge_states(out, lse, *dropped)
+        """The planned attention of q [N, Hq, D] over the kept blocks."""
+        return self.attention.run(q, k_buffer, v_buffer)

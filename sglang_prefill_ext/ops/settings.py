@@ -46,7 +46,7 @@ class SparseSettings:
         SCORERS,
     )
     mass: float = _setting(
-        0.8,
+        0.9,
         "Sampled and antidiagonal scorers: the fraction of each query block's estimated attention (per query "
         "head, or the mean over its KV head's query heads) the kept blocks must hold, largest first, in a "
         "prompt of up to --prefill-ext-sparse-mass-len tokens (less in a longer one: "
@@ -106,13 +106,6 @@ class SparseSettings:
         0,
         "With --prefill-ext-sparse-guard: also check every N-th sparse layer after the first (a decline there "
         "leaves the layers before it sparse; each check costs what the first does); 0: the first sparse layer only.",
-    )
-    correct: bool = _setting(
-        False,
-        "Mean correction: each row also attends, at its blocks' mean key and value, to the key blocks its "
-        "selection dropped (ops/correction.py), instead of renormalising the kept blocks as if the dropped "
-        "attention were zero. Cost per sparse layer: one mean of K and V per key block and a pooled attention "
-        "of 1/block_size of dense QK^T and PV.",
     )
     dense_layers: int = _setting(0, "The first N layers always run dense attention.")
     max_density: float = _setting(
