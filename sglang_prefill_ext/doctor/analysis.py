@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from sglang_prefill_ext.doctor import layout, threads, timeline
 from sglang_prefill_ext.doctor.fingerprint import WINDOW
-from sglang_prefill_ext.doctor.layout import Savings
+from sglang_prefill_ext.doctor.layout import Change, Reruns
 from sglang_prefill_ext.doctor.log import Request
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
@@ -155,7 +155,7 @@ class _Log:
     def __init__(self, requests: list[Request], flushes: Sequence[float]) -> None:
         self.requests = requests
         self.parent = threads.parents(requests)
-        self.savings: Savings = layout.savings(requests, flushes, self.parent)
+        self.reruns = Reruns(requests, flushes, self.parent)
         self.anchors = [frozenset(r.fp.anchors) for r in requests]  # type: ignore[union-attr]
         self.holders: dict[tuple[int, str], list[int]] = collections.defaultdict(list)
         for index, r in enumerate(requests):
@@ -239,31 +239,36 @@ def _diagnose(index: int, log: _Log, cache: _Cache) -> Verdict:
             moved.append((offset, min(at)))
     if moved:
         verdict.moved_to, verdict.moved_from = min(moved)
-    dynamic, reordered = log.savings.dynamic[index], log.savings.reordered[index]
-    verdict.gains = dict(zip(layout.FIXES, (dynamic, reordered), strict=True))
+    verdict.seen = _covered(seen, hit_end, request.input_len, block)
     change = (diverging, fp.blocks[diverging]) if diverging < len(fp.blocks) else None
-    if dynamic >= block:
-        verdict.pattern, verdict.saved = "dynamic", dynamic
-        verdict.resumes_at = min((lo for lo, hi in seen if hi > hit_end), default=None)
-    elif (
-        in_place
+    if (
+        log.reruns.dynamic[index] < block
+        and in_place
         and min(lo for lo, _ in in_place) <= min((to for to, _ in moved), default=request.input_len)
         and change is not None
         and log.recurs_elsewhere(index, change)
-    ):  # new content, then what the prompt it changed holds, at its offset
+    ):  # new content, then what the prompt it changed holds, at its offset: a change, if its re-run saves
         verdict.resumes_at = min(lo for lo, _ in in_place)
-        verdict.saved = _covered(in_place, verdict.resumes_at, request.input_len, block)
-        verdict.pattern, verdict.change = "changed_prefix", change
-    if verdict.saved < block and reordered >= block:
-        verdict.pattern, verdict.saved = "reordered", reordered
-    if verdict.saved < block:
-        verdict.pattern, verdict.saved, verdict.resumes_at, verdict.change = None, 0, None, None
-    verdict.seen = _covered(seen, hit_end, request.input_len, block)
-    fixed = verdict.saved if verdict.pattern == "changed_prefix" else max(0, dynamic + reordered)
-    non_prefix = verdict.seen - fixed  # what is left to reuse once the layout is fixed
-    # beside a layout fix, a residue under three blocks is the re-run's error at the seams
-    verdict.non_prefix = non_prefix if non_prefix >= (3 if verdict.pattern else 1) * block else 0
+        verdict.change = change
+    else:
+        verdict.resumes_at = min((lo for lo, hi in seen if hi > hit_end), default=None)
     return verdict
+
+
+def _settle(verdict: Verdict, gains: dict[str, int], non_prefix: int, block: int) -> None:
+    """The verdict's pattern: the first fix whose re-run saves it a block or more (`layout.FIXES`
+    order; a changed prefix only where the diagnosis found the change)."""
+    verdict.gains, verdict.non_prefix = gains, non_prefix
+    if verdict.pattern == "evicted":
+        return
+    if verdict.change is None:
+        gains = {**gains, "changed_prefix": 0}
+    verdict.pattern = next((fix for fix in layout.FIXES if gains[fix] >= block), None)
+    verdict.saved = gains[verdict.pattern] if verdict.pattern is not None else 0
+    if verdict.pattern != "changed_prefix":
+        verdict.change = None
+    if verdict.pattern not in ("dynamic", "changed_prefix"):
+        verdict.resumes_at = None
 
 
 def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Verdict]:
@@ -285,6 +290,13 @@ def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Ver
             cache.insert(index, requests[index])
         else:
             verdicts.append(_diagnose(index, log, cache))
+    reruns = log.reruns
+    changed = reruns.changed(
+        [Change(i, v.hit_end, v.resumes_at) for i, v in enumerate(verdicts) if v.change is not None]  # type: ignore[arg-type]
+    )
+    for i, v in enumerate(verdicts):
+        gains = (reruns.dynamic[i], changed[i], reruns.reordered[i])
+        _settle(v, dict(zip(layout.FIXES, gains, strict=True)), reruns.non_prefix[i], block)
     return verdicts
 
 
