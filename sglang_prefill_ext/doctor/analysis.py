@@ -150,12 +150,11 @@ def _covered(spans: list[tuple[int, int]], start: int, end: int, gap: int) -> in
 
 
 class _Log:
-    """One log's requests, how they extend one another and what each layout fix saves them."""
+    """One log's requests and how they extend one another."""
 
-    def __init__(self, requests: list[Request], flushes: Sequence[float]) -> None:
+    def __init__(self, requests: list[Request]) -> None:
         self.requests = requests
         self.parent = threads.parents(requests)
-        self.reruns = Reruns(requests, flushes, self.parent)
         self.anchors = [frozenset(r.fp.anchors) for r in requests]  # type: ignore[union-attr]
         self.holders: dict[tuple[int, str], list[int]] = collections.defaultdict(list)
         for index, r in enumerate(requests):
@@ -242,8 +241,7 @@ def _diagnose(index: int, log: _Log, cache: _Cache) -> Verdict:
     verdict.seen = _covered(seen, hit_end, request.input_len, block)
     change = (diverging, fp.blocks[diverging]) if diverging < len(fp.blocks) else None
     if (
-        log.reruns.dynamic[index] < block
-        and in_place
+        in_place
         and min(lo for lo, _ in in_place) <= min((to for to, _ in moved), default=request.input_len)
         and change is not None
         and log.recurs_elsewhere(index, change)
@@ -280,7 +278,7 @@ def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Ver
     block = requests[0].fp.block
     if any(r.fp.block != block for r in requests):
         raise ValueError("the log mixes fingerprint block sizes")
-    log = _Log(requests, flushes)
+    log = _Log(requests)
     cache = _Cache(len(requests), block)
     verdicts = []
     for event, index in timeline.events(requests, flushes):
@@ -290,9 +288,13 @@ def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Ver
             cache.insert(index, requests[index])
         else:
             verdicts.append(_diagnose(index, log, cache))
-    reruns = log.reruns
+    reruns = Reruns(requests, flushes, log.parent, [v.hit_end for v in verdicts])
     changed = reruns.changed(
-        [Change(i, v.hit_end, v.resumes_at) for i, v in enumerate(verdicts) if v.change is not None]  # type: ignore[arg-type]
+        [
+            Change(i, v.hit_end, v.resumes_at)  # type: ignore[arg-type]
+            for i, v in enumerate(verdicts)
+            if v.change is not None and reruns.dynamic[i] < block
+        ]
     )
     for i, v in enumerate(verdicts):
         gains = (reruns.dynamic[i], changed[i], reruns.reordered[i])

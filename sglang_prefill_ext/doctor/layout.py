@@ -58,14 +58,60 @@ class Change:
     resumes: int
 
 
+@dataclasses.dataclass(frozen=True)
+class _Stretch:
+    """From the anchor of a part's piece unit (or the part's start) to the next one's (or its end)."""
+
+    left: str
+    right: str
+    tokens: int
+    inside: tuple[str, ...]  # the names of the units between
+    offsets: frozenset[int]  # their offsets from the first anchor
+
+    @classmethod
+    def of(cls, part: Part, p: int, q: int) -> _Stretch:
+        """Between units p and q of the part (-1: its start, len(units): its end)."""
+        lo = part.start if p < 0 else part.units[p].start
+        hi = part.end if q >= len(part.units) else part.units[q].start
+        between = part.units[p + 1 : q] if p < q else []
+        return cls(
+            START if p < 0 else part.units[p].name,
+            END if q >= len(part.units) else part.units[q].name,
+            hi - lo,
+            tuple(u.name for u in between),
+            frozenset(u.start - lo for u in between),
+        )
+
+    @property
+    def identity(self) -> tuple[str, str, str, int]:
+        return self.left, "|".join(self.inside), self.right, self.tokens
+
+
+def _cut(prompt: list[Unit], request: Request, cuts: dict[tuple[int, str], int]) -> list[Unit]:
+    """The prompt's units, each cut where a prompt holding the same grid block diverged inside it
+    beyond what its anchored block vouches for: content no anchor shows, that the grid does."""
+    fp = request.fp
+    assert fp is not None
+    at = {cuts[(i, h)] for i, h in enumerate(fp.blocks) if (i, h) in cuts}
+    out = []
+    for u in prompt:
+        inside = sorted(d for d in at if u.start < d < u.start + u.length)
+        for lo, hi in zip([u.start, *inside], [*inside, u.start + u.length], strict=True):
+            name = u.name if lo == u.start else f"c:{fp.blocks[lo // fp.block]}:{lo}"
+            out.append(Unit(name, lo, hi - lo))
+    return out
+
+
 class _Traffic:
     """One log's prompts as units and pieces, and what the fixes need to know of them."""
 
-    def __init__(self, requests: Sequence[Request], parent: list[int | None]) -> None:
+    def __init__(
+        self, requests: Sequence[Request], parent: list[int | None], cuts: dict[tuple[int, str], int]
+    ) -> None:
         self.requests = requests
         self.parent = parent
-        self.prompts = [units(index, r) for index, r in enumerate(requests)]
         self.half = requests[0].fp.block // 2 if requests else 0  # type: ignore[union-attr]
+        self.prompts = [_cut(units(index, r), r, cuts) for index, r in enumerate(requests)]
         held: dict[str, list[int]] = collections.defaultdict(list)
         self.after: dict[str, set[str]] = collections.defaultdict(set)
         self.before: dict[str, set[str]] = collections.defaultdict(set)
@@ -86,27 +132,30 @@ class _Traffic:
             self.first.append(keys)
             self.at.append({(u.name, u.start) for u in prompt})
         self.held = {name: frozenset(held_by) for name, held_by in held.items()}
-        self.shared = {
-            name
-            for name, held_by in held.items()
-            if any(not threads.related(parent, a, b) for a, b in zip(held_by, held_by[1:], strict=False))
-        }
+        self.shared = {name for name, held_by in held.items() if self._shared(held_by)}
         self.parts = [self._part(index) for index in range(len(requests))]
         self.loose = [self._loose(part.units) for part in self.parts]
-        stretches = [st for index in range(len(requests)) for st in self._stretches(index)]
+        stretches = [(index, st) for index in range(len(requests)) for st in self._stretches(index)]
         # the offsets from a piece's last anchor at which every prompt holding it has an anchor: its own
         # content's, whose anchored block reaches past its end
         after_end: dict[str, set[int]] = {}
-        for left, _, _, inside in stretches:
-            if left != START:
-                after_end[left] = after_end.get(left, inside) & inside
+        showing: dict[tuple, list[int]] = collections.defaultdict(list)
+        for index, st in stretches:
+            if st.left != START:
+                after_end[st.left] = after_end.get(st.left, st.offsets) & st.offsets
+            showing[st.identity].append(index)
+        self.shared_middles = {identity for identity, held_by in showing.items() if self._shared(held_by)}
         self.seams = Seams(
             [
-                Join(left, right, tokens, left != START and right != END and inside <= after_end[left])
-                for left, right, tokens, inside in stretches
+                Join(st.left, st.right, st.tokens, START != st.left and st.right != END and st.offsets <= after_end[st.left])
+                for _, st in stretches
             ],
             2 * self.half,
         )
+
+    def _shared(self, held_by: Sequence[int]) -> bool:
+        """Whether two of these requests (in start order) are of different conversations."""
+        return any(not threads.related(self.parent, a, b) for a, b in zip(held_by, held_by[1:], strict=False))
 
     def _part(self, index: int) -> Part:
         prompt, end, p = self.prompts[index], self.requests[index].input_len, self.parent[index]
@@ -124,7 +173,7 @@ class _Traffic:
         """The positions of the units that are no piece of shared content: held by no other
         conversation, or a valley (held only by requests that hold the nearest differently held unit
         on either side, and by fewer: an anchored block straddling where two pieces meet)."""
-        held = [self.held[u.name] for u in part]
+        held = [self.held.get(u.name, frozenset()) for u in part]
         left: list[frozenset[int] | None] = [None] * len(held)
         right: list[frozenset[int] | None] = [None] * len(held)
         for i in range(1, len(held)):
@@ -141,28 +190,26 @@ class _Traffic:
         """Whether `right` always follows `left` and `left` always precedes it: one piece."""
         return self.after[left] == {right} and self.before[right] == {left}
 
-    def _stretches(self, index: int) -> list[tuple[str, str, int, set[int]]]:
+    def _stretches(self, index: int) -> list[_Stretch]:
         """Where requests[index]'s part shows two pieces one after the other (or a piece at its start
-        or end): (the first's last unit, the next one's first, the tokens from anchor to anchor, the
-        offsets of the units between from the first's anchor)."""
+        or end), but for two units of one piece."""
         part, loose = self.parts[index], self.loose[index]
         pieces = [i for i in range(len(part.units)) if i not in loose]
         found = []
         for p, q in zip([-1, *pieces], [*pieces, len(part.units)], strict=True):
-            pu = part.units[p] if p >= 0 else None
-            qu = part.units[q] if q < len(part.units) else None
-            left, right = START if pu is None else pu.name, END if qu is None else qu.name
-            if pu is not None and qu is not None and self.interior(left, right):
-                continue
-            lo = part.start if pu is None else pu.start
-            hi = part.end if qu is None else qu.start
-            found.append((left, right, hi - lo, {u.start - lo for u in part.units[p + 1 : q]}))
+            stretch = _Stretch.of(part, p, q)
+            if not self.interior(stretch.left, stretch.right):
+                found.append(stretch)
         return found
 
-    def arranged(self, index: int, taken: Taken, key: Callable[[Unit], Key] | None = None) -> list[Unit]:
+    def arranged(
+        self, index: int, taken: Taken, key: Callable[[Unit], Key] | None = None, own_middles: bool = False
+    ) -> list[Unit]:
         """requests[index]'s part with the units `taken` moved to the end (their text kept, or this
-        request's own), the other pieces in `key` order when given. Two pieces the log shows apart,
-        or with a unit between them moved, are joined by their fitted tail and head."""
+        request's own), the other pieces in `key` order when given; with `own_middles`, what lies
+        between two pieces where no other conversation shows the same goes to the end too. Two pieces
+        the log shows apart, or with what was between them moved, are joined by their fitted tail and
+        head."""
         part, loose = self.parts[index], self.loose[index]
         moves = [taken(i, u) for i, u in enumerate(part.units)]
         pieces = [i for i in range(len(part.units)) if i not in loose and moves[i] is None]
@@ -170,32 +217,32 @@ class _Traffic:
         edge = len(part.units)  # positions: -1 the part's start, `edge` its end
         logged = set(zip([-1, *pieces], [*pieces, edge], strict=True))
         out: list[Unit] = []
+        kept = 0  # the tokens of the text moved with its units kept
         for p, q in zip([-1, *order], [*order, edge], strict=True):
-            pu = part.units[p] if p >= 0 else None
-            qu = part.units[q] if q < edge else None
-            left, right = START if pu is None else pu.name, END if qu is None else qu.name
-            if pu is not None and qu is not None and self.interior(left, right):
-                out.append(Unit(left, pu.start, qu.start - pu.start))
+            stretch = _Stretch.of(part, p, q)
+            left, right = stretch.left, stretch.right
+            if self.interior(left, right):
+                out.append(Unit(left, part.units[p].start, stretch.tokens))
                 continue
-            tail, head, middle = self.seams.tail(left), self.seams.head(right), 0
-            if (p, q) in logged and not any(moves[p + 1 : q]):  # the stretch between them as logged
-                tokens = (part.end if qu is None else qu.start) - (part.start if pu is None else pu.start)
-                tail = min(tail, tokens)
-                head = min(head, tokens - tail)
-                middle = tokens - tail - head
-            if pu is not None:
-                out.append(Unit(left, pu.start, tail))
-            if middle:  # what lies between two pieces, named by its units (none: by its length)
-                inside = ",".join(u.name for u in part.units[p + 1 : q])
-                out.append(Unit(f"x:{left}>{inside}>{right}:{middle}", -1, middle))
-            if qu is not None:
-                out.append(Unit(f"h:{right}", qu.start, head))
+            tail, head, middle = self.seams.tail(left), self.seams.head(right), None
+            if (p, q) in logged:  # the stretch between them as logged
+                tail = min(tail, stretch.tokens)
+                head = min(head, stretch.tokens - tail)
+                middle = stretch.tokens - tail - head
+                if KEPT in moves[p + 1 : q]:
+                    kept, middle = kept + middle, None
+                elif any(moves[p + 1 : q]) or (own_middles and stretch.identity not in self.shared_middles):
+                    middle = None
+            if p >= 0:
+                out.append(Unit(left, part.units[p].start, tail))
+            if middle or (middle is not None and stretch.offsets):  # what lies between, named as logged
+                out.append(Unit("x:" + ",".join(map(str, stretch.identity)), -1, middle))
+            if q < edge:
+                out.append(Unit(f"h:{right}", part.units[q].start, head))
+        if kept > 0:  # the changed text, after the shared content
+            names = ",".join(u.name for u, move in zip(part.units, moves, strict=True) if move == KEPT)
+            out.append(Unit("m:" + names, -1, kept))
         moved = part.end - part.start - sum(u.length for u in out)
-        kept = [u for u, move in zip(part.units, moves, strict=True) if move == KEPT]
-        if kept:  # the changed text, after the shared content
-            length = min(moved, sum(u.length for u in kept))
-            out.append(Unit("m:" + ",".join(u.name for u in kept), kept[0].start, length))
-            moved -= length
         return [*out, Unit(own(index, part.start), part.start, moved)] if moved > 0 else out
 
     def rebuilt(self, arrange: Callable[[int], list[Unit]]) -> list[list[Unit]]:
@@ -237,18 +284,36 @@ def _rerun(
 
 class Reruns:
     """One log's traffic re-run as logged and with each fix (every request fingerprinted, in start
-    order; `parent`: `threads.parents`). Per request: `dynamic` and `reordered`, the tokens each fix
-    adds to its hit (negative: loses), and `non_prefix`, what the fixed layout leaves to compute that
-    the cache held elsewhere; `changed` re-runs the changes the diagnosis found."""
+    order; `parent`: `threads.parents`; `diverges`: where each prompt stops sharing a prefix with the
+    cache, as the server and the grid saw it). Per request: `dynamic` and `reordered`, the tokens each
+    fix adds to its hit (negative: loses), and `non_prefix`, what the fixed layout leaves to compute
+    that the cache held elsewhere; `changed` re-runs the changes the diagnosis found.
 
-    def __init__(self, requests: Sequence[Request], flushes: Sequence[float], parent: list[int | None]) -> None:
+    Where the re-run as logged gives a prompt a longer hit than its grid blocks allow (it diverged
+    where no anchor shows it), its units are cut there, in every prompt holding that grid block, and
+    the traffic is read again."""
+
+    def __init__(
+        self, requests: Sequence[Request], flushes: Sequence[float], parent: list[int | None], diverges: Sequence[int]
+    ) -> None:
         self.requests, self.flushes = requests, flushes
-        self.traffic = traffic = _Traffic(requests, parent)
+        self.traffic = _Traffic(requests, parent, {})
+        block = 2 * self.traffic.half
         logged, _ = self._run(lambda index, i, u: None)
-        self.dynamic_hits, _ = self._run(self._dynamic)
+        cuts = {
+            (d // block, r.fp.blocks[d // block]): d  # type: ignore[union-attr]
+            for r, d, hit in zip(requests, diverges, logged, strict=True)
+            if hit >= (d // block + 1) * block and d // block < len(r.fp.blocks)  # type: ignore[union-attr]
+        }
+        if cuts:
+            self.traffic = _Traffic(requests, parent, cuts)
+            logged, _ = self._run(lambda index, i, u: None)
+        traffic = self.traffic
+        self.dynamic_hits, _ = self._run(self._dynamic, own_middles=True)
         stable, self.non_prefix = self._run(
             lambda index, i, u: OWN if i in traffic.loose[index] else None,
             lambda index, u: traffic.first[index][u.start],
+            own_middles=True,
         )
         self.dynamic = [d - h for d, h in zip(self.dynamic_hits, logged, strict=True)]
         self.reordered = [s - d for s, d in zip(stable, self.dynamic_hits, strict=True)]
@@ -257,13 +322,17 @@ class Reruns:
         return OWN if u.name not in self.traffic.shared else None
 
     def _run(
-        self, taken: Callable[[int, int, Unit], str | None], key: Callable[[int, Unit], Key] | None = None
+        self,
+        taken: Callable[[int, int, Unit], str | None],
+        key: Callable[[int, Unit], Key] | None = None,
+        own_middles: bool = False,
     ) -> tuple[list[int], list[int]]:
         def arrange(index: int) -> list[Unit]:
             return self.traffic.arranged(
                 index,
                 lambda i, u: taken(index, i, u),
                 None if key is None else lambda u: key(index, u),
+                own_middles,
             )
 
         return _rerun(self.requests, self.flushes, self.traffic.rebuilt(arrange))
@@ -289,5 +358,5 @@ class Reruns:
                 return KEPT
             return self._dynamic(index, i, u)
 
-        hits, _ = self._run(taken)
+        hits, _ = self._run(taken, own_middles=True)
         return [c - d for c, d in zip(hits, self.dynamic_hits, strict=True)]
