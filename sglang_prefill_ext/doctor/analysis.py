@@ -9,18 +9,22 @@ Requests are replayed in the order their prefill started (`timeline`). For each 
   used): the pool that would have kept it;
 - `seen`: the tokens after `hit_end` whose content is in the cache all the same, at any position (grid
   blocks at any index, anchored blocks at any offset, gaps under a block between them counted: the
-  edges of shared content). What of it a layout fix recovers is counted by re-running the log's traffic
-  with the fix (`layout`); the cause, the first that applies:
-  - moving what differs per request to the end saves a block or more (`dynamic`): a timestamp, a
-    profile, whatever its length and however far it shifts the content after it;
-  - the diverging block recurs in a request outside this conversation and content resumes at its
-    position in a cached prompt sharing the prefix (`changed_prefix`, a one-time cost: an edit); the
-    saving counts the content from where it resumes, not the changed block;
-  - one stable order of the shared content saves a block or more (`reordered`);
-- `non_prefix`: of `seen`, what no layout fix recovers (chunks seen in other combinations, or behind
-  a conversation's own history): recoverable by reusing chunks at any position only.
+  edges of shared content), for the divergence map;
+- a change: the diverging block recurs in a request outside this conversation and content resumes at
+  its position in a cached prompt sharing the prefix (an edit).
 
-All of it is at block granularity: an estimate, which the tests hold within 5 % of exact re-runs of
+What each fix saves is counted by re-running the log's traffic with the fix (`layout`); the pattern
+is the first fix that saves the request a block or more:
+  - moving what differs per request to the end (`dynamic`): a timestamp, a profile, whatever its
+    length and however far it shifts the content after it;
+  - moving the change after the shared content (`changed_prefix`, a one-time cost), where the
+    diagnosis found one;
+  - one stable order of the shared content (`reordered`).
+`non_prefix`: what the fixed layout leaves to compute that the cache held at another position
+(chunks seen in other combinations, or behind a conversation's own history): recoverable by reusing
+chunks at any position only.
+
+All of it is an estimate from the fingerprints, which the tests hold within 5 % of exact re-runs of
 synthesized traffic and of the CPU replay's own counts on planted traces.
 """
 

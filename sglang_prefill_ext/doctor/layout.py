@@ -33,7 +33,8 @@ from sglang_prefill_ext.doctor.seams import END, START, Join, Seams
 from sglang_prefill_ext.doctor.units import Unit, own, units
 
 FIXES = ("dynamic", "changed_prefix", "reordered")
-OWN, KEPT = "own", "kept"  # what a fix does with a unit it moves to the end: its text this request's own, or kept
+# what a fix does with a unit it moves to the end: its text becomes this request's own, or is kept
+OWN, KEPT = "own", "kept"
 
 Key = tuple[int, int]  # (request, offset) where a unit was first seen
 Taken = Callable[[int, Unit], str | None]  # (position in the part, unit): OWN, KEPT or None (stays)
@@ -147,7 +148,12 @@ class _Traffic:
         self.shared_middles = {identity for identity, held_by in showing.items() if self._shared(held_by)}
         self.seams = Seams(
             [
-                Join(st.left, st.right, st.tokens, START != st.left and st.right != END and st.offsets <= after_end[st.left])
+                Join(
+                    st.left,
+                    st.right,
+                    st.tokens,
+                    st.left != START and st.right != END and st.offsets <= after_end[st.left],
+                )
                 for _, st in stretches
             ],
             2 * self.half,
@@ -270,15 +276,12 @@ def _rerun(
                 node = node.setdefault(u.name, {})
                 seen.add(u.name)
         else:
-            node, hit = root, 0
-            for at, u in enumerate(prompts[index]):
-                if u.name not in node:
-                    break
-                node, hit = node[u.name], hit + u.length
-            else:
-                at = len(prompts[index])
-            hits[index] = hit
-            elsewhere[index] = sum(u.length for u in prompts[index][at:] if u.name in seen)
+            node, prompt, matched = root, prompts[index], 0
+            while matched < len(prompt) and prompt[matched].name in node:
+                node = node[prompt[matched].name]
+                matched += 1
+            hits[index] = sum(u.length for u in prompt[:matched])
+            elsewhere[index] = sum(u.length for u in prompt[matched:] if u.name in seen)
     return hits, elsewhere
 
 
@@ -294,7 +297,11 @@ class Reruns:
     the traffic is read again."""
 
     def __init__(
-        self, requests: Sequence[Request], flushes: Sequence[float], parent: list[int | None], diverges: Sequence[int]
+        self,
+        requests: Sequence[Request],
+        flushes: Sequence[float],
+        parent: list[int | None],
+        diverges: Sequence[int],
     ) -> None:
         self.requests, self.flushes = requests, flushes
         self.traffic = _Traffic(requests, parent, {})
@@ -350,7 +357,10 @@ class Reruns:
                 continue
             prefix = self.requests[change.index].fp.blocks[: change.diverges // (2 * half)]  # type: ignore[union-attr]
             for index, request in enumerate(self.requests):
-                if request.fp.blocks[: len(prefix)] == prefix and (resume.name, resume.start) in traffic.at[index]:  # type: ignore[union-attr]
+                if (
+                    request.fp.blocks[: len(prefix)] == prefix
+                    and (resume.name, resume.start) in traffic.at[index]
+                ):  # type: ignore[union-attr]
                     spans[index].append((change.diverges, resume.start))
 
         def taken(index: int, i: int, u: Unit) -> str | None:
