@@ -20,9 +20,9 @@ is the first fix that saves the request a block or more:
   - moving the change after the shared content (`changed_prefix`, a one-time cost), where the
     diagnosis found one;
   - one stable order of the shared content (`reordered`).
-`non_prefix`: what the fixed layout leaves to compute that the cache held at another position
-(chunks seen in other combinations, or behind a conversation's own history): recoverable by reusing
-chunks at any position only.
+`non_prefix`: what the fixed layout (the change moved, for a changed prefix; else one stable order)
+leaves to compute that the cache held at another position (chunks seen in other combinations, or
+behind a conversation's own history): recoverable by reusing chunks at any position only.
 
 All of it is an estimate from the fingerprints, which the tests hold within 5 % of exact re-runs of
 synthesized traffic and of the CPU replay's own counts on planted traces.
@@ -257,10 +257,10 @@ def _diagnose(index: int, log: _Log, cache: _Cache) -> Verdict:
     return verdict
 
 
-def _settle(verdict: Verdict, gains: dict[str, int], non_prefix: int, block: int) -> None:
+def _settle(verdict: Verdict, gains: dict[str, int], block: int) -> None:
     """The verdict's pattern: the first fix whose re-run saves it a block or more (`layout.FIXES`
     order; a changed prefix only where the diagnosis found the change)."""
-    verdict.gains, verdict.non_prefix = gains, non_prefix
+    verdict.gains = gains
     if verdict.pattern == "evicted":
         return
     if verdict.change is None:
@@ -293,7 +293,7 @@ def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Ver
         else:
             verdicts.append(_diagnose(index, log, cache))
     reruns = Reruns(requests, flushes, log.parent, [v.hit_end for v in verdicts])
-    changed = reruns.changed(
+    changed, changed_elsewhere = reruns.changed(
         [
             Change(i, v.hit_end, v.resumes_at)  # type: ignore[arg-type]
             for i, v in enumerate(verdicts)
@@ -302,7 +302,8 @@ def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Ver
     )
     for i, v in enumerate(verdicts):
         gains = (reruns.dynamic[i], changed[i], reruns.reordered[i])
-        _settle(v, dict(zip(layout.FIXES, gains, strict=True)), reruns.non_prefix[i], block)
+        _settle(v, dict(zip(layout.FIXES, gains, strict=True)), block)
+        v.non_prefix = changed_elsewhere[i] if v.pattern == "changed_prefix" else reruns.non_prefix[i]
     return verdicts
 
 

@@ -344,9 +344,9 @@ class Reruns:
 
         return _rerun(self.requests, self.flushes, self.traffic.rebuilt(arrange))
 
-    def changed(self, changes: Sequence[Change]) -> list[int]:
+    def changed(self, changes: Sequence[Change]) -> tuple[list[int], list[int]]:
         """Per request, the tokens moving each change after the shared content adds to its hit, on top
-        of `dynamic`. A change applies to every prompt holding the same grid blocks before it and the
+        of `dynamic`, and what that layout leaves to compute that the cache held elsewhere. A change applies to every prompt holding the same grid blocks before it and the
         unit it resumes at, at the same offset: its text there (the units whose anchored block reaches
         past the divergence, up to the resumption) goes to the end."""
         traffic, half = self.traffic, self.traffic.half
@@ -368,5 +368,5 @@ class Reruns:
                 return KEPT
             return self._dynamic(index, i, u)
 
-        hits, _ = self._run(taken, own_middles=True)
-        return [c - d for c, d in zip(hits, self.dynamic_hits, strict=True)]
+        hits, elsewhere = self._run(taken, own_middles=True)
+        return [c - d for c, d in zip(hits, self.dynamic_hits, strict=True)], elsewhere
