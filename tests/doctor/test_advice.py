@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from sglang_prefill_ext.config import FLAGS_BY_NAME
+from sglang_prefill_ext.config import FLAGS_BY_NAME, OptionError, PrefillExtConfig
 from sglang_prefill_ext.doctor import report
 from sglang_prefill_ext.doctor.analysis import diagnose
 from sglang_prefill_ext.doctor.log import read_log
 from sglang_prefill_ext.runner.pass_cost import PassCost
-from tests.doctor.traffic import Prompt, doctor, prefill, seen_before, tokens, write_log
+from tests.doctor.traffic import BLOCK, Prompt, doctor, prefill, seen_before, tokens, write_log
 
 WITHIN = 0.05
 
@@ -51,14 +51,19 @@ def rag_subsets(
     return planted, fixed
 
 
-def test_rag_subsets_a_stable_order_and_non_prefix_reuse_apart(tmp_path: Path) -> None:
-    planted, fixed = rag_subsets()
+@pytest.mark.parametrize("chunks", [20, 50])
+@pytest.mark.parametrize("seed", range(4))
+def test_rag_subsets_a_stable_order_and_non_prefix_reuse_apart(
+    tmp_path: Path, chunks: int, seed: int
+) -> None:
+    planted, fixed = rag_subsets(chunks=chunks, seed=seed)
     stable = prefill(planted) - prefill(fixed)
     reuse = seen_before(fixed)
     found = _found(_report(write_log(tmp_path / "rag.jsonl", planted)))
     assert set(found) == {"reordered", "non_prefix"}
     assert found["reordered"]["tokens"] == pytest.approx(stable, rel=WITHIN)
     assert found["non_prefix"]["tokens"] == pytest.approx(reuse, rel=WITHIN)
+    assert found["reordered"]["cost"] == found["non_prefix"]["cost"] == "recurring"
 
 
 def stanzas(
@@ -80,13 +85,20 @@ def stanzas(
     return planted, fixed
 
 
-def test_an_edit_among_repeated_stanzas_is_a_changed_prefix_not_a_reorder(tmp_path: Path) -> None:
-    planted, fixed = stanzas()
+# Repeated boilerplate has few anchors (only the windows that reach a stanza's own tokens, for some
+# seeds), so the units around the edit are long: the changed prefix's saving is exact to a unit, 0.94-1.11
+# of the whole stanza moved over seeds 0-5.
+STANZA_WITHIN = 0.12
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_edit_among_repeated_stanzas_is_a_changed_prefix_not_a_reorder(tmp_path: Path, seed: int) -> None:
+    planted, fixed = stanzas(seed=seed)
     found = _found(_report(write_log(tmp_path / "stanzas.jsonl", planted)))
     assert set(found) == {"changed_prefix"}
     change = found["changed_prefix"]
     assert change["requests"] == 1 and change["cost"] == "one-time" and change["changes"] == 1
-    assert change["tokens"] == pytest.approx(prefill(planted) - prefill(fixed), rel=WITHIN)
+    assert change["tokens"] == pytest.approx(prefill(planted) - prefill(fixed), rel=STANZA_WITHIN)
 
 
 def profiles(n: int = 60, seed: int = 2) -> tuple[list[Prompt], list[Prompt]]:
@@ -102,13 +114,20 @@ def profiles(n: int = 60, seed: int = 2) -> tuple[list[Prompt], list[Prompt]]:
     return planted, fixed
 
 
-def test_a_variable_length_block_before_shared_content_is_dynamic_whatever_the_shift(tmp_path: Path) -> None:
-    planted, fixed = profiles()
+@pytest.mark.parametrize("seed", range(4))
+def test_a_variable_length_block_before_shared_content_is_dynamic_whatever_the_shift(
+    tmp_path: Path, seed: int
+) -> None:
+    planted, fixed = profiles(seed=seed)
     log = write_log(tmp_path / "profiles.jsonl", planted)
     found = _found(_report(log))
     assert set(found) == {"dynamic"}
-    assert found["dynamic"]["requests"] == len(planted) - 1
-    assert {v.pattern for v in diagnose(read_log(log).requests)[1:]} == {"dynamic"}
+    assert found["dynamic"]["requests"] == len(planted) - 1 and found["dynamic"]["cost"] == "recurring"
+    verdicts = diagnose(read_log(log).requests)[1:]
+    assert {v.pattern for v in verdicts} == {"dynamic"}
+    # every shift of the document by a whole block and by more than one is among them
+    shifts = {len(p.segments[1][1]) for p in planted[1:]}
+    assert min(shifts) < BLOCK <= 2 * BLOCK < max(shifts)
     # the profiles' own tokens are not counted: only the document behind them
     assert found["dynamic"]["tokens"] == pytest.approx(prefill(planted) - prefill(fixed), rel=WITHIN)
 
@@ -134,13 +153,18 @@ def agents(sessions: int = 12, turns: int = 6, files: int = 16, seed: int = 3) -
     return prompts
 
 
-def test_agents_re_reading_shared_files_is_non_prefix_reuse_and_no_changed_prefix(tmp_path: Path) -> None:
-    prompts = agents()
-    found = _found(_report(write_log(tmp_path / "agents.jsonl", prompts)))
+@pytest.mark.parametrize("seed", range(4))
+def test_agents_re_reading_shared_files_is_non_prefix_reuse_and_no_changed_prefix(
+    tmp_path: Path, seed: int
+) -> None:
+    prompts = agents(seed=seed)
+    result = _report(write_log(tmp_path / "agents.jsonl", prompts))
+    found = _found(result)
     assert set(found) == {"non_prefix"}  # no order of an append-only conversation saves anything
+    assert "stable order" not in report.text(result)
     # the fingerprint vouches for a file's content from its first anchor to its last anchored block:
-    # a lower bound of the whole files counted exactly (0.85 of them here)
-    assert 0.8 * seen_before(prompts) <= found["non_prefix"]["tokens"] <= seen_before(prompts)
+    # a lower bound of the whole files counted exactly (0.91-0.99 of them over seeds 0-3)
+    assert 0.9 * seen_before(prompts) <= found["non_prefix"]["tokens"] <= seen_before(prompts)
 
 
 def clean(seed: int = 4) -> list[Prompt]:
@@ -156,8 +180,9 @@ def clean(seed: int = 4) -> list[Prompt]:
     return prompts
 
 
-def test_clean_traffic_gets_no_finding(tmp_path: Path) -> None:
-    result = _report(write_log(tmp_path / "clean.jsonl", clean()))
+@pytest.mark.parametrize("seed", range(4))
+def test_clean_traffic_gets_no_finding(tmp_path: Path, seed: int) -> None:
+    result = _report(write_log(tmp_path / "clean.jsonl", clean(seed=seed)))
     assert result["findings"] == []
     assert "findings: none" in report.text(result)
 
@@ -209,5 +234,8 @@ def test_several_logs_each_finding_names_its_log_and_hit_rates_over_time_are_per
     assert all(f"{f['log']}: " in report.text(result) for f in result["findings"])
 
 
-def test_the_non_prefix_fix_names_a_blend_flag_only_when_one_exists() -> None:
-    assert ("--prefill-ext-blend" in report.FIX[report.NON_PREFIX]) == ("blend" in FLAGS_BY_NAME)
+def test_the_non_prefix_fix_names_chunk_blending_as_planned_while_it_is_refused() -> None:
+    assert "planned as --prefill-ext-blend, not usable yet" in report.FIX[report.NON_PREFIX]
+    if "blend" in FLAGS_BY_NAME:  # registered: "planned" holds while the flag is refused
+        with pytest.raises(OptionError):
+            PrefillExtConfig.from_options({"blend": True})
