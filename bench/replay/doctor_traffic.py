@@ -1,4 +1,5 @@
-"""Synthesized traffic for the doctor's tests, and its exact re-run.
+"""Synthesized traffic for checking the cache doctor (`tests/doctor`, `bench.replay.doctor_advice`),
+and its exact re-run.
 
 A prompt is a list of named segments (a system prompt, a document, a question). Requests run one
 after another, each cached once it finished, against an exact page-1 prefix cache of unbounded size:
@@ -10,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -114,13 +113,3 @@ def write_log(path: Path, prompts: list[Prompt]) -> Path:
         lines.append(json.dumps(dataclasses.asdict(record), separators=(",", ":")))
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    """`sglang-prefill-ext doctor ARGS` as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_prefill_ext.cli", "doctor", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
