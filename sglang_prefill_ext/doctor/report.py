@@ -31,8 +31,8 @@ FIX = {
     "reordered": "keep shared documents in one stable order (the order first seen), in front of what differs",
     "changed_prefix": "keep the part that changes after the shared prefix",
     "evicted": "a larger KV pool (--mem-fraction-static), or fewer prompts in flight",
-    NON_PREFIX: "no layout change recovers them; reusing chunks at any position (CacheBlend-style) would: "
-    "planned as --prefill-ext-blend, not usable yet",
+    NON_PREFIX: "reuse chunks at any position (CacheBlend-style; planned as --prefill-ext-blend, not usable "
+    "yet); no layout change recovers them",
 }
 # Whether the cost comes back with every request that has the pattern, or was paid once per change.
 ONE_TIME = {"changed_prefix"}
