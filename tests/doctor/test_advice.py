@@ -71,7 +71,7 @@ def test_a_variable_length_block_before_shared_content_is_dynamic_whatever_the_s
     assert found["dynamic"]["requests"] == len(planted) - 1 and found["dynamic"]["cost"] == "recurring"
     verdicts = diagnose(read_log(log).requests)[1:]
     assert {v.pattern for v in verdicts} == {"dynamic"}
-    # every shift of the document by a whole block and by more than one is among them
+    # the shifts of the document run from under one block to over two
     shifts = {len(p.segments[1][1]) for p in planted[1:]}
     assert min(shifts) < BLOCK <= 2 * BLOCK < max(shifts)
     # the profiles' own tokens are not counted: only the document behind them
