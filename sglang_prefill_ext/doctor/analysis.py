@@ -9,18 +9,22 @@ Requests are replayed in the order their prefill started (`timeline`). For each 
   used): the pool that would have kept it;
 - `seen`: the tokens after `hit_end` whose content is in the cache all the same, at any position (grid
   blocks at any index, anchored blocks at any offset, gaps under a block between them counted: the
-  edges of shared content). What of it a layout fix recovers is counted by re-running the log's traffic
-  with the fix (`layout`); the cause, the first that applies:
-  - moving what differs per request to the end saves a block or more (`dynamic`): a timestamp, a
-    profile, whatever its length and however far it shifts the content after it;
-  - the diverging block recurs in a request outside this conversation and content resumes at its
-    position in a cached prompt sharing the prefix (`changed_prefix`, a one-time cost: an edit); the
-    saving counts the content from where it resumes, not the changed block;
-  - one stable order of the shared content saves a block or more (`reordered`);
-- `non_prefix`: of `seen`, what no layout fix recovers (chunks seen in other combinations, or behind
-  a conversation's own history): recoverable by reusing chunks at any position only.
+  edges of shared content), for the divergence map;
+- a change: the diverging block recurs in a request outside this conversation and content resumes at
+  its position in a cached prompt sharing the prefix (an edit).
 
-All of it is at block granularity: an estimate, which the tests hold within 5 % of exact re-runs of
+What each fix saves is counted by re-running the log's traffic with the fix (`layout`); the pattern
+is the first fix that saves the request a block or more:
+  - moving what differs per request to the end (`dynamic`): a timestamp, a profile, whatever its
+    length and however far it shifts the content after it;
+  - moving the change after the shared content (`changed_prefix`, a one-time cost), where the
+    diagnosis found one;
+  - one stable order of the shared content (`reordered`).
+`non_prefix`: what the fixed layout (the change moved, for a changed prefix; else one stable order)
+leaves to compute that the cache held at another position (chunks seen in other combinations, or
+behind a conversation's own history): recoverable by reusing chunks at any position only.
+
+All of it is an estimate from the fingerprints, which the tests hold within 5 % of exact re-runs of
 synthesized traffic and of the CPU replay's own counts on planted traces.
 """
 
@@ -32,7 +36,7 @@ from collections.abc import Sequence
 
 from sglang_prefill_ext.doctor import layout, threads, timeline
 from sglang_prefill_ext.doctor.fingerprint import WINDOW
-from sglang_prefill_ext.doctor.layout import Savings
+from sglang_prefill_ext.doctor.layout import Change, Reruns
 from sglang_prefill_ext.doctor.log import Request
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
@@ -150,12 +154,11 @@ def _covered(spans: list[tuple[int, int]], start: int, end: int, gap: int) -> in
 
 
 class _Log:
-    """One log's requests, how they extend one another and what each layout fix saves them."""
+    """One log's requests and how they extend one another."""
 
-    def __init__(self, requests: list[Request], flushes: Sequence[float]) -> None:
+    def __init__(self, requests: list[Request]) -> None:
         self.requests = requests
         self.parent = threads.parents(requests)
-        self.savings: Savings = layout.savings(requests, flushes, self.parent)
         self.anchors = [frozenset(r.fp.anchors) for r in requests]  # type: ignore[union-attr]
         self.holders: dict[tuple[int, str], list[int]] = collections.defaultdict(list)
         for index, r in enumerate(requests):
@@ -239,31 +242,35 @@ def _diagnose(index: int, log: _Log, cache: _Cache) -> Verdict:
             moved.append((offset, min(at)))
     if moved:
         verdict.moved_to, verdict.moved_from = min(moved)
-    dynamic, reordered = log.savings.dynamic[index], log.savings.reordered[index]
-    verdict.gains = dict(zip(layout.FIXES, (dynamic, reordered), strict=True))
+    verdict.seen = _covered(seen, hit_end, request.input_len, block)
     change = (diverging, fp.blocks[diverging]) if diverging < len(fp.blocks) else None
-    if dynamic >= block:
-        verdict.pattern, verdict.saved = "dynamic", dynamic
-        verdict.resumes_at = min((lo for lo, hi in seen if hi > hit_end), default=None)
-    elif (
+    if (
         in_place
         and min(lo for lo, _ in in_place) <= min((to for to, _ in moved), default=request.input_len)
         and change is not None
         and log.recurs_elsewhere(index, change)
-    ):  # new content, then what the prompt it changed holds, at its offset
+    ):  # new content, then what the prompt it changed holds, at its offset: a change, if its re-run saves
         verdict.resumes_at = min(lo for lo, _ in in_place)
-        verdict.saved = _covered(in_place, verdict.resumes_at, request.input_len, block)
-        verdict.pattern, verdict.change = "changed_prefix", change
-    if verdict.saved < block and reordered >= block:
-        verdict.pattern, verdict.saved = "reordered", reordered
-    if verdict.saved < block:
-        verdict.pattern, verdict.saved, verdict.resumes_at, verdict.change = None, 0, None, None
-    verdict.seen = _covered(seen, hit_end, request.input_len, block)
-    fixed = verdict.saved if verdict.pattern == "changed_prefix" else max(0, dynamic + reordered)
-    non_prefix = verdict.seen - fixed  # what is left to reuse once the layout is fixed
-    # beside a layout fix, a residue under three blocks is the re-run's error at the seams
-    verdict.non_prefix = non_prefix if non_prefix >= (3 if verdict.pattern else 1) * block else 0
+        verdict.change = change
+    else:
+        verdict.resumes_at = min((lo for lo, hi in seen if hi > hit_end), default=None)
     return verdict
+
+
+def _settle(verdict: Verdict, gains: dict[str, int], block: int) -> None:
+    """The verdict's pattern: the first fix whose re-run saves it a block or more (`layout.FIXES`
+    order; a changed prefix only where the diagnosis found the change)."""
+    verdict.gains = gains
+    if verdict.pattern == "evicted":
+        return
+    if verdict.change is None:
+        gains = {**gains, "changed_prefix": 0}
+    verdict.pattern = next((fix for fix in layout.FIXES if gains[fix] >= block), None)
+    verdict.saved = gains[verdict.pattern] if verdict.pattern is not None else 0
+    if verdict.pattern != "changed_prefix":
+        verdict.change = None
+    if verdict.pattern not in ("dynamic", "changed_prefix"):
+        verdict.resumes_at = None
 
 
 def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Verdict]:
@@ -275,7 +282,7 @@ def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Ver
     block = requests[0].fp.block
     if any(r.fp.block != block for r in requests):
         raise ValueError("the log mixes fingerprint block sizes")
-    log = _Log(requests, flushes)
+    log = _Log(requests)
     cache = _Cache(len(requests), block)
     verdicts = []
     for event, index in timeline.events(requests, flushes):
@@ -285,6 +292,18 @@ def diagnose(requests: list[Request], flushes: Sequence[float] = ()) -> list[Ver
             cache.insert(index, requests[index])
         else:
             verdicts.append(_diagnose(index, log, cache))
+    reruns = Reruns(requests, flushes, log.parent, [v.hit_end for v in verdicts])
+    changed, changed_elsewhere = reruns.changed(
+        [
+            Change(i, v.hit_end, v.resumes_at)  # type: ignore[arg-type]
+            for i, v in enumerate(verdicts)
+            if v.change is not None and reruns.dynamic[i] < block
+        ]
+    )
+    for i, v in enumerate(verdicts):
+        gains = (reruns.dynamic[i], changed[i], reruns.reordered[i])
+        _settle(v, dict(zip(layout.FIXES, gains, strict=True)), block)
+        v.non_prefix = changed_elsewhere[i] if v.pattern == "changed_prefix" else reruns.non_prefix[i]
     return verdicts
 
 

@@ -32,6 +32,7 @@ class Request:
     input_len: int
     cached: int
     fp: Fingerprinted | None
+    output: int = 0  # tokens generated: in the cache after the prompt once the request finished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +59,13 @@ def _request(record: dict) -> Request | None:
             start,
             start + max(float(record["prefill_ms"]), 0.0),
         )
-    return Request(str(record["rid"]), int(record["input_len"]), int(record["cached_tokens"]), fp)
+    return Request(
+        str(record["rid"]),
+        int(record["input_len"]),
+        int(record["cached_tokens"]),
+        fp,
+        int(record.get("output_tokens", 0)),
+    )
 
 
 def read_log(path: Path) -> Log:

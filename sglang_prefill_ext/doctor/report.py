@@ -31,8 +31,8 @@ FIX = {
     "reordered": "keep shared documents in one stable order (the order first seen), in front of what differs",
     "changed_prefix": "keep the part that changes after the shared prefix",
     "evicted": "a larger KV pool (--mem-fraction-static), or fewer prompts in flight",
-    NON_PREFIX: "recoverable by reusing chunks at any position (a CacheBlend-style cache); no layout "
-    "change and no flag of this project recovers them",
+    NON_PREFIX: "reuse chunks at any position (CacheBlend-style; planned as --prefill-ext-blend, not usable "
+    "yet); no layout change recovers them",
 }
 # Whether the cost comes back with every request that has the pattern, or was paid once per change.
 ONE_TIME = {"changed_prefix"}

@@ -1,21 +1,22 @@
-"""The doctor's advice on traffic it was not tuned on (issue 41): each expected saving is counted by
-re-running the same synthesized traffic with the fix (`traffic`), and the doctor must name the fix
-that reaches it, within 5 %."""
+"""The doctor's advice on traffic it was not tuned on (issue 41, `bench.replay.doctor_scenarios`):
+each expected saving is counted by re-running the same synthesized traffic with the fix
+(`bench.replay.doctor_traffic`), and the doctor must name the fix that reaches it, within 5 %."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sglang_prefill_ext.config import FLAGS_BY_NAME
+from bench.replay.doctor_scenarios import agents, clean, profiles, rag_subsets, stanzas
+from bench.replay.doctor_traffic import BLOCK, prefill, seen_before, write_log
+from sglang_prefill_ext.config import FLAGS_BY_NAME, OptionError, PrefillExtConfig
 from sglang_prefill_ext.doctor import report
 from sglang_prefill_ext.doctor.analysis import diagnose
 from sglang_prefill_ext.doctor.log import read_log
 from sglang_prefill_ext.runner.pass_cost import PassCost
-from tests.doctor.traffic import Prompt, doctor, prefill, seen_before, tokens, write_log
+from tests.doctor.cli import doctor
 
 WITHIN = 0.05
 
@@ -28,136 +29,72 @@ def _found(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {f["pattern"]: f for f in result["findings"]}
 
 
-def rag_subsets(
-    n: int = 120, chunks: int = 20, take: int = 6, seed: int = 0
-) -> tuple[list[Prompt], list[Prompt]]:
-    """(planted, fixed): a system prompt, `take` of `chunks` retrieved chunks in relevance order, a
-    question; fixed: each request's chunks in the order they were first seen."""
-    rng = random.Random(seed)
-    system = ("system", tokens(rng, 1000))
-    pool = [(f"c{c}", tokens(rng, rng.randint(800, 2000))) for c in range(chunks)]
-    picks = [rng.sample(range(chunks), take) for _ in range(n)]
-    first: dict[int, tuple[int, int]] = {}
-    for i, pick in enumerate(picks):
-        for position, c in enumerate(pick):
-            first.setdefault(c, (i, position))
-    planted, fixed = [], []
-    for i, pick in enumerate(picks):
-        question = (f"q{i}", tokens(rng, 100))
-        planted.append(Prompt(f"r{i}", [system, *(pool[c] for c in pick), question]))
-        fixed.append(
-            Prompt(f"r{i}", [system, *(pool[c] for c in sorted(pick, key=first.__getitem__)), question])
-        )
-    return planted, fixed
-
-
-def test_rag_subsets_a_stable_order_and_non_prefix_reuse_apart(tmp_path: Path) -> None:
-    planted, fixed = rag_subsets()
+@pytest.mark.parametrize("chunks", [20, 50])
+@pytest.mark.parametrize("seed", range(4))
+def test_rag_subsets_a_stable_order_and_non_prefix_reuse_apart(
+    tmp_path: Path, chunks: int, seed: int
+) -> None:
+    planted, fixed = rag_subsets(chunks=chunks, seed=seed)
     stable = prefill(planted) - prefill(fixed)
     reuse = seen_before(fixed)
     found = _found(_report(write_log(tmp_path / "rag.jsonl", planted)))
     assert set(found) == {"reordered", "non_prefix"}
     assert found["reordered"]["tokens"] == pytest.approx(stable, rel=WITHIN)
     assert found["non_prefix"]["tokens"] == pytest.approx(reuse, rel=WITHIN)
+    assert found["reordered"]["cost"] == found["non_prefix"]["cost"] == "recurring"
 
 
-def stanzas(
-    n: int = 40, count: int = 60, edit_at: int = 20, seed: int = 1
-) -> tuple[list[Prompt], list[Prompt]]:
-    """(planted, fixed): a document of `count` 300-token stanzas that repeat their boilerplate (the
-    services of a compose file), a question; from request `edit_at` on, 20 tokens of stanza 30 differ.
-    Fixed: stanza 30 after the rest of the document."""
-    rng = random.Random(seed)
-    boiler = tokens(rng, 292)
-    body = [(f"s{i}", tokens(rng, 8) + boiler) for i in range(count)]
-    edited = ("s30'", body[30][1][:100] + tokens(rng, 20) + body[30][1][120:])
-    planted, fixed = [], []
-    for i in range(n):
-        stanza = edited if i >= edit_at else body[30]
-        question = (f"q{i}", tokens(rng, 120))
-        planted.append(Prompt(f"r{i}", [*body[:30], stanza, *body[31:], question]))
-        fixed.append(Prompt(f"r{i}", [*body[:30], *body[31:], stanza, question]))
-    return planted, fixed
+# Repeated boilerplate has few anchors (only the windows that reach a stanza's own tokens, for some
+# seeds), so the units around the edit are long: the changed prefix's saving is exact to a unit, 0.94-1.11
+# of the whole stanza moved over seeds 0-5.
+STANZA_WITHIN = 0.12
 
 
-def test_an_edit_among_repeated_stanzas_is_a_changed_prefix_not_a_reorder(tmp_path: Path) -> None:
-    planted, fixed = stanzas()
+@pytest.mark.parametrize("seed", range(6))
+def test_an_edit_among_repeated_stanzas_is_a_changed_prefix_not_a_reorder(tmp_path: Path, seed: int) -> None:
+    planted, fixed = stanzas(seed=seed)
     found = _found(_report(write_log(tmp_path / "stanzas.jsonl", planted)))
     assert set(found) == {"changed_prefix"}
     change = found["changed_prefix"]
     assert change["requests"] == 1 and change["cost"] == "one-time" and change["changes"] == 1
-    assert change["tokens"] == pytest.approx(prefill(planted) - prefill(fixed), rel=WITHIN)
+    assert change["tokens"] == pytest.approx(prefill(planted) - prefill(fixed), rel=STANZA_WITHIN)
 
 
-def profiles(n: int = 60, seed: int = 2) -> tuple[list[Prompt], list[Prompt]]:
-    """(planted, fixed): a system prompt, a per-request profile of 176-763 tokens, a shared 20K-token
-    document, a question; fixed: the profile after the document."""
-    rng = random.Random(seed)
-    system, doc = ("system", tokens(rng, 3000)), ("doc", tokens(rng, 20000))
-    planted, fixed = [], []
-    for i in range(n):
-        profile, question = (f"p{i}", tokens(rng, rng.randint(176, 763))), (f"q{i}", tokens(rng, 100))
-        planted.append(Prompt(f"r{i}", [system, profile, doc, question]))
-        fixed.append(Prompt(f"r{i}", [system, doc, profile, question]))
-    return planted, fixed
-
-
-def test_a_variable_length_block_before_shared_content_is_dynamic_whatever_the_shift(tmp_path: Path) -> None:
-    planted, fixed = profiles()
+@pytest.mark.parametrize("seed", range(4))
+def test_a_variable_length_block_before_shared_content_is_dynamic_whatever_the_shift(
+    tmp_path: Path, seed: int
+) -> None:
+    planted, fixed = profiles(seed=seed)
     log = write_log(tmp_path / "profiles.jsonl", planted)
     found = _found(_report(log))
     assert set(found) == {"dynamic"}
-    assert found["dynamic"]["requests"] == len(planted) - 1
-    assert {v.pattern for v in diagnose(read_log(log).requests)[1:]} == {"dynamic"}
+    assert found["dynamic"]["requests"] == len(planted) - 1 and found["dynamic"]["cost"] == "recurring"
+    verdicts = diagnose(read_log(log).requests)[1:]
+    assert {v.pattern for v in verdicts} == {"dynamic"}
+    # the shifts of the document run from under one block to over two
+    shifts = {len(p.segments[1][1]) for p in planted[1:]}
+    assert min(shifts) < BLOCK <= 2 * BLOCK < max(shifts)
     # the profiles' own tokens are not counted: only the document behind them
     assert found["dynamic"]["tokens"] == pytest.approx(prefill(planted) - prefill(fixed), rel=WITHIN)
 
 
-def agents(sessions: int = 12, turns: int = 6, files: int = 16, seed: int = 3) -> list[Prompt]:
-    """Agents' conversations, one turn each in round robin: a shared system prompt and a task, then
-    turns appending an answer, a file read from a shared pool (the tool's output) and a user line."""
-    rng = random.Random(seed)
-    system = ("system", tokens(rng, 2000))
-    pool = [(f"f{f}", tokens(rng, rng.randint(600, 2000))) for f in range(files)]
-    history = [[system, (f"task{s}", tokens(rng, 150))] for s in range(sessions)]
-    prompts = []
-    for turn in range(turns):
-        for s in range(sessions):
-            if turn:
-                name = f"s{s}t{turn}"
-                history[s] += [
-                    (f"{name}a", tokens(rng, rng.randint(50, 200))),
-                    rng.choice(pool),
-                    (f"{name}u", tokens(rng, 30)),
-                ]
-            prompts.append(Prompt(f"s{s}t{turn}", list(history[s])))
-    return prompts
-
-
-def test_agents_re_reading_shared_files_is_non_prefix_reuse_and_no_changed_prefix(tmp_path: Path) -> None:
-    prompts = agents()
-    found = _found(_report(write_log(tmp_path / "agents.jsonl", prompts)))
+@pytest.mark.parametrize("seed", range(4))
+def test_agents_re_reading_shared_files_is_non_prefix_reuse_and_no_changed_prefix(
+    tmp_path: Path, seed: int
+) -> None:
+    prompts = agents(seed=seed)
+    result = _report(write_log(tmp_path / "agents.jsonl", prompts))
+    found = _found(result)
     assert set(found) == {"non_prefix"}  # no order of an append-only conversation saves anything
+    assert "stable order" not in report.text(result)
     # the fingerprint vouches for a file's content from its first anchor to its last anchored block:
-    # a lower bound of the whole files counted exactly (0.85 of them here)
-    assert 0.8 * seen_before(prompts) <= found["non_prefix"]["tokens"] <= seen_before(prompts)
+    # a lower bound of the whole files counted exactly (0.91-0.99 of them over seeds 0-3)
+    assert 0.9 * seen_before(prompts) <= found["non_prefix"]["tokens"] <= seen_before(prompts)
 
 
-def clean(seed: int = 4) -> list[Prompt]:
-    """Shared documents with questions after them, append-only conversations, a session id at the end."""
-    rng = random.Random(seed)
-    docs = [(f"d{d}", tokens(rng, 6000)) for d in range(3)]
-    prompts = [Prompt(f"q{i}", [docs[i % 3], (f"q{i}", tokens(rng, 200))]) for i in range(12)]
-    conversation = [("system", tokens(rng, 1500))]
-    for turn in range(6):
-        conversation += [(f"t{turn}", tokens(rng, 300))]
-        prompts.append(Prompt(f"c{turn}", [*conversation, (f"id{turn}", tokens(rng, 12))]))
-        conversation += [(f"id{turn}", [])]
-    return prompts
-
-
-def test_clean_traffic_gets_no_finding(tmp_path: Path) -> None:
-    result = _report(write_log(tmp_path / "clean.jsonl", clean()))
+@pytest.mark.parametrize("seed", range(4))
+def test_clean_traffic_gets_no_finding(tmp_path: Path, seed: int) -> None:
+    result = _report(write_log(tmp_path / "clean.jsonl", clean(seed=seed)))
     assert result["findings"] == []
     assert "findings: none" in report.text(result)
 
@@ -209,5 +146,8 @@ def test_several_logs_each_finding_names_its_log_and_hit_rates_over_time_are_per
     assert all(f"{f['log']}: " in report.text(result) for f in result["findings"])
 
 
-def test_the_non_prefix_fix_names_a_blend_flag_only_when_one_exists() -> None:
-    assert ("--prefill-ext-blend" in report.FIX[report.NON_PREFIX]) == ("blend" in FLAGS_BY_NAME)
+def test_the_non_prefix_fix_names_chunk_blending_as_planned_while_it_is_refused() -> None:
+    assert "planned as --prefill-ext-blend, not usable yet" in report.FIX[report.NON_PREFIX]
+    if "blend" in FLAGS_BY_NAME:  # registered: "planned" holds while the flag is refused
+        with pytest.raises(OptionError):
+            PrefillExtConfig.from_options({"blend": True})

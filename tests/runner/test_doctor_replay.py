@@ -19,7 +19,7 @@ from sglang_prefill_ext.doctor.analysis import diagnose
 from sglang_prefill_ext.doctor.log import read_log
 from sglang_prefill_ext.runner.pass_cost import PassCost
 from sglang_prefill_ext.runner.request_log import FingerprintedRecord, RequestRecord
-from tests.doctor.traffic import doctor
+from tests.doctor.cli import doctor
 
 BLOCK = 256
 

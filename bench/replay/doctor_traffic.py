@@ -1,4 +1,5 @@
-"""Synthesized traffic for the doctor's tests, and its exact re-run.
+"""Synthesized traffic for checking the cache doctor (`tests/doctor`, `bench.replay.doctor_advice`),
+and its exact re-run.
 
 A prompt is a list of named segments (a system prompt, a document, a question). Requests run one
 after another, each cached once it finished, against an exact page-1 prefix cache of unbounded size:
@@ -10,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -39,16 +38,30 @@ def tokens(rng: random.Random, n: int) -> list[int]:
 
 def cached(prompts: list[Prompt]) -> list[int]:
     """Each request's page-1 prefix-cache hit: its longest common prefix with an earlier prompt."""
-    arrays = [np.asarray(p.tokens, dtype=np.int64) for p in prompts]
-    hits = []
-    for i, a in enumerate(arrays):
-        best = 0
-        for b in arrays[:i]:
-            n = min(len(a), len(b))
-            differ = np.flatnonzero(a[:n] != b[:n])
-            best = max(best, int(differ[0]) if len(differ) else n)
-        hits.append(best)
-    return hits
+    parts = [[(name, np.asarray(part, dtype=np.int64)) for name, part in p.segments if part] for p in prompts]
+    return [max((_common(a, b) for b in parts[:i]), default=0) for i, a in enumerate(parts)]
+
+
+def _common(a: list[tuple[str, np.ndarray]], b: list[tuple[str, np.ndarray]]) -> int:
+    """The tokens two prompts share in front: their segments alike by name (a name stands for its
+    tokens), then the first two that differ token by token, and on only where one is the other's
+    prefix."""
+    k = 0
+    while k < min(len(a), len(b)) and a[k][0] == b[k][0]:
+        k += 1
+    shared = sum(len(part) for _, part in a[:k])
+    if k == min(len(a), len(b)):
+        return shared
+    first = _prefix(a[k][1], b[k][1])
+    if first < min(len(a[k][1]), len(b[k][1])):
+        return shared + first
+    return shared + _prefix(np.concatenate([p for _, p in a[k:]]), np.concatenate([p for _, p in b[k:]]))
+
+
+def _prefix(x: np.ndarray, y: np.ndarray) -> int:
+    n = min(len(x), len(y))
+    differ = np.flatnonzero(x[:n] != y[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 def prefill(prompts: list[Prompt]) -> int:
@@ -100,13 +113,3 @@ def write_log(path: Path, prompts: list[Prompt]) -> Path:
         lines.append(json.dumps(dataclasses.asdict(record), separators=(",", ":")))
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    """`sglang-prefill-ext doctor ARGS` as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_prefill_ext.cli", "doctor", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
