@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,22 @@ def longs_spanning(short_n: int, short_rate: float, long_every_s: float) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class MixedLoad:
+    """The mixed workload's arrival rates and counts at one load factor (`mixed_plan`'s arguments)."""
+
+    short_rate: float
+    long_every_s: float
+    short_n: int
+    long_n: int
+
+
+def mixed_load(short_rate: float, long_every_s: float, factor: float, short_n: int) -> MixedLoad:
+    """Both arrival processes `factor` times faster, `short_n` shorts, long prompts spanning them."""
+    rate, every = short_rate * factor, long_every_s / factor
+    return MixedLoad(rate, every, short_n, longs_spanning(short_n, rate, every))
+
+
+@dataclasses.dataclass(frozen=True)
 class RagStreamPlan:
     """Request i arrives at `at_s[i]` and asks about document `doc[i]` (documents are numbered in the
     order they enter the catalogue)."""
@@ -80,3 +97,14 @@ def rag_stream_plan(
         at.append(t)
         t += rng.expovariate(rate)
     return RagStreamPlan(tuple(at), tuple(doc))
+
+
+def rag_stream_repeating(
+    rng: Callable[[], random.Random], repeats: int, docs: int, zipf: float, new_every: int, rate: float
+) -> RagStreamPlan:
+    """The shortest `rag_stream_plan` (from a fresh `rng()` each try) with `repeats` repeat requests; a
+    plan's prefix is the plan of fewer requests, so growing it keeps the requests already drawn."""
+    requests = repeats
+    while (plan := rag_stream_plan(rng(), requests, docs, zipf, new_every, rate)).repeats() < repeats:
+        requests += repeats - plan.repeats()
+    return plan

@@ -33,7 +33,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bench.lib.goodput import Targets, judge, summarize_goodput
+from bench.lib.arrivals import MixedPlan
+from bench.lib.goodput import Targets, Verdict, judge, summarize_goodput
 from bench.replay import schedule_replay as sr
 from sglang_prefill_ext import harness
 from sglang_prefill_ext.runner.pass_cost import PassCost
@@ -82,6 +83,23 @@ def mixed(
     return sorted(out, key=lambda a: a.ms)
 
 
+def mixed_arrivals(plan: MixedPlan, long_tokens: int, output: int, rng: random.Random) -> list[Arrival]:
+    """`plan`'s requests (bench/lib/arrivals.py, the server bench's own plan) with token ids from `rng`."""
+    longs = [
+        Arrival(
+            at * 1e3,
+            sr.TraceReq(f"long{i}", tuple(sr._tokens(rng, long_tokens)), max_new_tokens=output),
+            "long",
+        )
+        for i, at in enumerate(plan.long_s)
+    ]
+    shorts = [
+        Arrival(at * 1e3, sr.TraceReq(f"short{j}", tuple(sr._tokens(rng, n)), max_new_tokens=output), "short")
+        for j, (at, n) in enumerate(zip(plan.short_s, plan.short_tokens, strict=True))
+    ]
+    return sorted(longs + shorts, key=lambda a: a.ms)
+
+
 @dataclasses.dataclass
 class TimedResult:
     mode: str
@@ -92,6 +110,7 @@ class TimedResult:
         str, list[int]
     ]  # rid -> the forwards (prefill or decode, counted from 0) giving it a token
     chunks: dict[str, int]  # rid -> passes its prompt was computed in
+    cached: dict[str, int]  # rid -> prompt tokens it found cached at its first admission
     groups: dict[str, str]
     prompt_tokens: dict[str, int]
     span_ms: float  # the first arrival to the last token
@@ -109,13 +128,22 @@ class TimedResult:
     def gaps(self) -> list[float]:
         return [g for gaps in self.tbt_ms.values() for g in gaps]
 
-    def goodput(self, targets: Targets) -> dict[str, Any]:
-        """bench/lib/goodput.py's numbers on the simulated clock (prompts are unique: nothing cached)."""
-        verdicts = [
-            judge(self.prompt_tokens[rid], 0, ms / 1e3, [g / 1e3 for g in self.tbt_ms.get(rid, [])], targets)
+    def verdicts(self, targets: Targets) -> list[Verdict]:
+        """bench/lib/goodput.py's verdict of every request that got its first token."""
+        return [
+            judge(
+                self.prompt_tokens[rid],
+                self.cached.get(rid, 0),
+                ms / 1e3,
+                [g / 1e3 for g in self.tbt_ms.get(rid, [])],
+                targets,
+            )
             for rid, ms in self.ttft_ms.items()
         ]
-        return summarize_goodput(verdicts, len(self.groups), self.span_ms / 1e3)
+
+    def goodput(self, targets: Targets) -> dict[str, Any]:
+        """bench/lib/goodput.py's numbers on the simulated clock."""
+        return summarize_goodput(self.verdicts(targets), len(self.groups), self.span_ms / 1e3)
 
 
 def run_timed(
@@ -137,6 +165,7 @@ def run_timed(
     ttft: dict[str, float] = {}
     e2e: dict[str, float] = {}
     chunks: dict[str, int] = {}
+    cached: dict[str, int] = {}
     token_ms: dict[str, list[float]] = {}
     token_passes: dict[str, list[int]] = {}
     forwards = 0
@@ -162,6 +191,8 @@ def run_timed(
             gpu_free = start + ms
             busy += ms
             prompts = [(rid, end) for rid, _, end in step.admitted if rid not in step.riding]
+            for rid, begin, _ in step.admitted:
+                cached.setdefault(rid, begin)
             for rid, end in prompts:
                 chunks[rid] = chunks.get(rid, 0) + 1
                 if end == lengths[rid] and rid not in ttft:
@@ -186,6 +217,7 @@ def run_timed(
         tbt_ms={rid: [b - a for a, b in itertools.pairwise(ts)] for rid, ts in token_ms.items()},
         token_passes=token_passes,
         chunks=chunks,
+        cached=cached,
         groups={a.req.rid: a.group for a in arrivals},
         prompt_tokens=lengths,
         span_ms=max(arrived[rid] + ms for rid, ms in e2e.items()) - min(arrived.values()),

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.lib.arrivals import longs_spanning, rag_stream_plan
+from bench.lib.arrivals import mixed_load, rag_stream_repeating
 from bench.lib.capacity import STOPPED_MISSES, STOPPED_TIMEOUT, Point, Sweep, attainment, by_factor, capacity
 from bench.lib.client import Client, Record, flush_cache, server_info, wait_healthy
 from bench.lib.goodput import Targets, judge
@@ -64,11 +64,10 @@ class Scaled:
 
 
 def _mixed(a: argparse.Namespace, factor: float, per_point: int, tokens: TokenSource) -> Scaled:
-    a.mixed_short_rate *= factor
-    a.mixed_long_every_s /= factor
-    a.mixed_short_n = per_point
-    a.mixed_long_n = longs_spanning(per_point, a.mixed_short_rate, a.mixed_long_every_s)
-    return Scaled(a, a.mixed_short_rate, a.mixed_short_n + a.mixed_long_n)
+    load = mixed_load(a.mixed_short_rate, a.mixed_long_every_s, factor, per_point)
+    a.mixed_short_rate, a.mixed_long_every_s = load.short_rate, load.long_every_s
+    a.mixed_short_n, a.mixed_long_n = load.short_n, load.long_n
+    return Scaled(a, load.short_rate, load.short_n + load.long_n)
 
 
 def _rag(a: argparse.Namespace, factor: float, per_point: int, tokens: TokenSource) -> Scaled:
@@ -78,24 +77,17 @@ def _rag(a: argparse.Namespace, factor: float, per_point: int, tokens: TokenSour
 
 
 def _rag_stream(a: argparse.Namespace, factor: float, per_point: int, tokens: TokenSource) -> Scaled:
-    """As many requests as it takes for `per_point` of them to repeat a document (a plan's prefix is
-    the plan of fewer requests, so growing it keeps the requests already drawn)."""
     a.rag_stream_rate *= factor
-    requests = per_point
-    while True:
-        plan = rag_stream_plan(
-            tokens.rng("rag-stream"),
-            requests,
-            a.rag_stream_docs,
-            a.rag_stream_zipf,
-            a.rag_stream_new_every,
-            a.rag_stream_rate,
-        )
-        if plan.repeats() >= per_point:
-            break
-        requests += per_point - plan.repeats()
-    a.rag_stream_requests = requests
-    return Scaled(a, a.rag_stream_rate, requests)
+    plan = rag_stream_repeating(
+        lambda: tokens.rng("rag-stream"),
+        per_point,
+        a.rag_stream_docs,
+        a.rag_stream_zipf,
+        a.rag_stream_new_every,
+        a.rag_stream_rate,
+    )
+    a.rag_stream_requests = len(plan.doc)
+    return Scaled(a, a.rag_stream_rate, a.rag_stream_requests)
 
 
 def _agent(a: argparse.Namespace, factor: float, per_point: int, tokens: TokenSource) -> Scaled:
@@ -258,6 +250,8 @@ async def run(a: argparse.Namespace) -> int:
         return 2
     info = server_info(url)
     chunk = info.get("chunked_prefill_size") or a.alone_chunk
+    if chunk <= 0:  # chunked prefill off: a prompt alone is one pass
+        chunk = 1 << 30
     result: dict[str, Any] = {
         "label": a.label,
         "goal": a.attainment,
