@@ -209,11 +209,33 @@ def test_run_finds_the_capacity_of_an_overloaded_server_and_compare_reports_it(
     predicted = json.loads(json.dumps(result))
     predicted["workloads"]["mixed"]["capacity"]["rate"] = 30.0
     (tmp_path / "replay.json").write_text(json.dumps(predicted))
-    png = tmp_path / "curves.png"
+    png, cdf = tmp_path / "curves.png", tmp_path / "cdf.png"
     argv = ["compare", str(tmp_path / "stock" / "capacity.json"), str(tmp_path / "ext.json")]
-    assert cap.main([*argv, "--predicted", f"stock={tmp_path / 'replay.json'}", "--out-png", str(png)]) == 0
+    argv += [
+        "--predicted",
+        f"stock={tmp_path / 'replay.json'}",
+        "--out-png",
+        str(png),
+        "--out-cdf-png",
+        str(cdf),
+    ]
+    assert cap.main(argv) == 0
     out = capsys.readouterr().out
     assert "| stock | 40.00 | 0.5 | 2.0 | 1.00 | 30.00 | 0.75 | 1.00 |" in out
     assert "| ext | 160.00 | 2 | - | 4.00 |" in out
     assert "| stock | ≤" in out  # the stopped point's attainment is an upper bound
-    assert png.stat().st_size > 0
+    assert png.stat().st_size > 0 and cdf.stat().st_size > 0
+    at_capacity = cap.at_capacity({**result, "path": str(tmp_path / "stock" / "capacity.json")}, "mixed")
+    assert {r["factor"] for r in at_capacity} == {0.5} and len(at_capacity) == points[1]["completed"]
+
+
+def test_long_requests_are_judged_by_another_runs_time_alone_once_it_is_there(tmp_path: Path) -> None:
+    own = Targets()
+    a = cap.build_parser().parse_args(
+        ["run", "--out-dir", str(tmp_path), "--alone-from", str(tmp_path / "s.json")]
+    )
+    assert asyncio.run(cap.reference_targets(a, own)) == own  # not there, no wait: this server's own
+    (tmp_path / "s.json").write_text(json.dumps({"calibration": {"alone_cost": "9,30,1000", "chunk": 2048}}))
+    judged = asyncio.run(cap.reference_targets(a, own))
+    assert (str(judged.alone_cost), judged.alone_chunk) == ("9,30,1000", 2048)
+    assert judged.short_ttft_target_ms == own.short_ttft_target_ms

@@ -42,6 +42,7 @@ from bench.lib.capacity import STOPPED_MISSES, STOPPED_TIMEOUT, Point, Sweep, at
 from bench.lib.client import Client, Record, flush_cache, server_info, wait_healthy
 from bench.lib.goodput import Targets, judge
 from bench.serving import fit_pass_cost
+from bench.serving.report import Panel, plot_panels
 from bench.serving.ttft_bench import add_client_args, add_target_args, add_workload_args, targets_of
 from bench.serving.workloads import WORKLOADS, Ctx, TokenSource
 from sglang_prefill_ext.runner.pass_cost import PassCost
@@ -144,17 +145,16 @@ async def run_point(
     client: Client,
     a: argparse.Namespace,
     workload: str,
-    factor: float,
-    seed: int,
-    sweep: Sweep,
+    at: tuple[float, int],
+    point: Scaled,
+    budget: int,
     targets: Targets,
     pool_tokens: int | None,
 ) -> tuple[Point, list[Record]]:
-    """The workload at `factor` with `seed`, stopped once its certain misses pass the sweep's budget or
-    it runs past --point-timeout-s; requests cut off are cancelled (SGLang aborts them) and miss."""
+    """The workload's `point` at `at` (factor, seed), stopped once its certain misses pass `budget` or it
+    runs past --point-timeout-s; requests cut off are cancelled (SGLang aborts them) and miss."""
+    factor, seed = at
     tokens = TokenSource(a.seed + seed, a.token_low, a.token_high)
-    point = scaled(workload, a, factor, a.per_point, tokens)
-    budget = sweep.miss_budget(factor, point.planned)
     await settle(client.url)
     client.records.clear()
     ctx = Ctx(client, tokens, point.args, pool_tokens)
@@ -224,12 +224,24 @@ def alone_targets(a: argparse.Namespace, ttfts: dict[str, list[float]], chunk: i
     return dataclasses.replace(targets_of(a), alone_cost=cost, alone_chunk=chunk)
 
 
-def reference_targets(a: argparse.Namespace, path: Path) -> Targets:
-    """The targets with another run's fitted time alone (--alone-from)."""
-    calibration = json.loads(path.read_text())["calibration"]
-    return dataclasses.replace(
-        targets_of(a), alone_cost=PassCost.parse(calibration["alone_cost"]), alone_chunk=calibration["chunk"]
-    )
+async def reference_targets(a: argparse.Namespace, own: Targets) -> Targets:
+    """The targets with another run's fitted time alone (--alone-from), once its calibration is there
+    (a run beside this one may still be calibrating: --alone-wait-s); else `own`."""
+    end = time.monotonic() + a.alone_wait_s
+    while a.alone_from:
+        path = Path(a.alone_from)
+        calibration = json.loads(path.read_text()).get("calibration") if path.exists() else None
+        if calibration:
+            cost = PassCost.parse(calibration["alone_cost"])
+            return dataclasses.replace(own, alone_cost=cost, alone_chunk=calibration["chunk"])
+        if time.monotonic() > end:
+            print(
+                f"{path}: no calibration after {a.alone_wait_s:.0f} s; judged by this server's own",
+                file=sys.stderr,
+            )
+            break
+        await asyncio.sleep(2.0)
+    return own
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,14 +274,14 @@ async def run(a: argparse.Namespace) -> int:
         "workloads": {},
     }
     summary = out_dir / "capacity.json"
-    log = out_dir / "requests.jsonl"
+    (out_dir / "requests.jsonl").write_text("")  # this run's requests only, as capacity.json
     async with Client(url, a.label, None, progress=False) as client:
         await settle(url)
         ttfts = await calibrate(
             client, TokenSource(a.seed, a.token_low, a.token_high), a.calibration_lengths, a.calibration_reps
         )
         own = alone_targets(a, ttfts, chunk)
-        targets = reference_targets(a, Path(a.alone_from)) if a.alone_from else own
+        targets = await reference_targets(a, own)
         result["calibration"] = {"chunk": chunk, "alone_cost": str(own.alone_cost), "ttft_s": ttfts}
         result["alone_from"] = a.alone_from
         result["targets"] = targets.as_dict()
@@ -277,34 +289,53 @@ async def run(a: argparse.Namespace) -> int:
             f"[{a.label}] alone: {own.alone_cost} (chunk {chunk}); judged by {targets.alone_cost}", flush=True
         )
         for w in names:
-            sweep = Sweep(a.factors, range(a.seeds), a.attainment, a.below)
-            entry = result["workloads"][w] = {"points": []}
-            for factor, seed in sweep:
-                point, records = await run_point(
-                    client, a, w, factor, seed, sweep, targets, info.get("max_total_num_tokens")
-                )
-                sweep.record(point)
-                with open(log, "a") as f:
-                    for rec in records:
-                        f.write(json.dumps({**rec.to_json(), "factor": factor, "seed": seed}) + "\n")
-                entry["points"].append(point.as_dict())
-                entry["unit"] = UNITS[w]
-                entry["base_rate"] = point.rate / factor
-                entry["capacity"] = capacity(
-                    sweep.points, a.attainment, a.seeds, entry["base_rate"]
-                ).as_dict()
-                summary.write_text(json.dumps(result, indent=1))
-                print(
-                    f"[{a.label}] {w} x{factor:g} seed {seed}: {point.rate:.2f} {entry['unit']}, "
-                    f"met {point.met}/{point.planned} ({point.met / point.planned:.2f}), shorts {point.shorts}, "
-                    f"{point.wall_s:.0f} s{', stopped: ' + point.stopped if point.stopped else ''}",
-                    flush=True,
-                )
-            cap = entry.get("capacity", {})
-            print(
-                f"[{a.label}] {w}: capacity {cap.get('rate', 0):.2f} {entry.get('unit', '')} (x{cap.get('factor', 0):g})",
-                flush=True,
-            )
+            entry = result["workloads"][w] = {"unit": UNITS[w], "points": []}
+            await sweep_workload(client, a, w, targets, info, entry, lambda: write(summary, result))
+    return 0
+
+
+async def sweep_workload(
+    client: Client,
+    a: argparse.Namespace,
+    w: str,
+    targets: Targets,
+    info: dict[str, Any],
+    entry: dict[str, Any],
+    save: Callable[[], None],
+) -> None:
+    """The sweep of workload `w` into `entry` (its points, capacity), `save`d after every point; every
+    request into OUT_DIR/requests.jsonl, tagged with its factor and seed."""
+    sweep = Sweep(a.factors, range(a.seeds), a.attainment, a.below)
+    for factor, seed in sweep:
+        point = scaled(w, a, factor, a.per_point, TokenSource(a.seed + seed, a.token_low, a.token_high))
+        if a.deadline and time.time() + point.planned / point.rate > a.deadline:
+            entry["deadline"] = f"x{factor:g} and below not run: past --deadline"
+            break
+        budget = sweep.miss_budget(factor, point.planned)
+        done, records = await run_point(
+            client, a, w, (factor, seed), point, budget, targets, info.get("max_total_num_tokens")
+        )
+        sweep.record(done)
+        with open(Path(a.out_dir) / "requests.jsonl", "a") as f:
+            for rec in records:
+                f.write(json.dumps({**rec.to_json(), "factor": factor, "seed": seed}) + "\n")
+        entry["points"].append(done.as_dict())
+        entry["base_rate"] = done.rate / factor
+        entry["capacity"] = capacity(sweep.points, a.attainment, a.seeds, entry["base_rate"]).as_dict()
+        save()
+        print(
+            f"[{a.label}] {w} x{factor:g} seed {seed}: {done.rate:.2f} {entry['unit']}, "
+            f"met {done.met}/{done.planned} ({done.met / done.planned:.2f}), shorts {done.shorts}, "
+            f"{done.wall_s:.0f} s{', stopped: ' + done.stopped if done.stopped else ''}",
+            flush=True,
+        )
+    cap = entry.get("capacity", {"rate": 0.0, "factor": 0.0})
+    print(f"[{a.label}] {w}: capacity {cap['rate']:.2f} {entry['unit']} (x{cap['factor']:g})", flush=True)
+
+
+def write(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=1))
+
     return 0
 
 
@@ -313,9 +344,50 @@ async def run(a: argparse.Namespace) -> int:
 
 
 def load(spec: str) -> tuple[str, dict[str, Any]]:
+    """`[LABEL=]capacity.json`: its label (default: the run's) and content, its path as `path`."""
     label, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-    data = json.loads(Path(path).read_text())
+    data = {**json.loads(Path(path).read_text()), "path": path}
     return label or data.get("label") or Path(path).parent.name, data
+
+
+def at_capacity(run: dict[str, Any], workload: str) -> list[dict[str, Any]]:
+    """The requests of `workload` at the run's capacity factor, from the request log beside it."""
+    log = Path(run["path"]).parent / "requests.jsonl"
+    factor = run["workloads"][workload]["capacity"]["factor"]
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return [r for r in rows if r["workload"] == workload and r["factor"] == factor]
+
+
+def cdf_panels(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[Panel]:
+    """Per workload, at each variant's capacity: its short requests' TTFT and every time between tokens."""
+    panels: list[Panel] = []
+    for w in workloads_of(runs):
+        short, gaps = [], []
+        for label, run in runs:
+            if w not in run.get("workloads", {}):
+                continue
+            rows = at_capacity(run, w)
+            limit = run["targets"]["short_max_tokens"]
+            name = f"{label} x{run['workloads'][w]['capacity']['factor']:g}"
+            ttfts = sorted(
+                r["ttft_s"]
+                for r in rows
+                if r["ttft_s"] is not None and r["prompt_tokens"] - (r["cached_tokens"] or 0) <= limit
+            )
+            if ttfts:
+                short.append((name, ttfts))
+            if tbts := sorted(g for r in rows for g in r["tbt_s"]):
+                gaps.append((name, tbts))
+        panels += [(f"{w}: short requests at capacity", "TTFT (s)", short)] if short else []
+        panels += [(f"{w}: time between tokens at capacity", "TBT (s)", gaps)] if gaps else []
+    return panels
+
+
+def workloads_of(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    names: list[str] = []
+    for _, run in runs:
+        names += [w for w in run.get("workloads", {}) if w not in names]
+    return names
 
 
 def cap_rate(run: dict[str, Any], workload: str) -> float | None:
@@ -343,9 +415,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 def render(
     runs: Sequence[tuple[str, dict[str, Any]]], predicted: Sequence[tuple[str, dict[str, Any]]]
 ) -> str:
-    workloads: list[str] = []
-    for _, run in runs:
-        workloads += [w for w in run.get("workloads", {}) if w not in workloads]
+    workloads = workloads_of(runs)
     pred = dict(predicted)
     lines: list[str] = []
     for w in workloads:
@@ -406,9 +476,7 @@ def plot(runs: Sequence[tuple[str, dict[str, Any]]], png: Path) -> bool:
     except ImportError:
         print("matplotlib is not importable: no capacity plot", file=sys.stderr)
         return False
-    workloads: list[str] = []
-    for _, run in runs:
-        workloads += [w for w in run.get("workloads", {}) if w not in workloads]
+    workloads = workloads_of(runs)
     if not workloads:
         return False
     fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.8), squeeze=False)
@@ -448,6 +516,8 @@ def compare(a: argparse.Namespace) -> int:
         Path(a.out_md).write_text(md)
     if a.out_png:
         plot(runs, Path(a.out_png))
+    if a.out_cdf_png:
+        plot_panels(cdf_panels(runs), Path(a.out_cdf_png))
     return 0
 
 
@@ -480,6 +550,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--alone-from", help="judge long requests by this run's capacity.json calibration (stock's)"
     )
+    s.add_argument(
+        "--alone-wait-s", type=float, default=0.0, help="wait this long for --alone-from's calibration"
+    )
+    s.add_argument(
+        "--deadline", type=float, default=0.0, help="unix time; points that would end past it are not run"
+    )
     add_workload_args(r)
     add_target_args(r)
     c = sub.add_parser("compare", help="capacities side by side, ratios, curves")
@@ -488,7 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--predicted", nargs="*", help="[LABEL=]capacity.json of the replay, LABEL as the measured run's"
     )
     c.add_argument("--out-md")
-    c.add_argument("--out-png")
+    c.add_argument("--out-png", help="attainment vs offered rate")
+    c.add_argument("--out-cdf-png", help="short requests' TTFT and the TBT at each variant's capacity")
     return p
 
 
