@@ -437,7 +437,7 @@ def render(
             c = e["capacity"]
             p = cap_rate(pred[label], w) if label in pred else None
             lines.append(
-                f"| {label} | {c['rate']:.2f} | {c['factor']:g} | {c['failing_factor'] if c['failing_factor'] is not None else '-'} | "
+                f"| {label} | {'' if c['failing_factor'] is not None else '≥ '}{c['rate']:.2f} | {c['factor']:g} | {c['failing_factor'] if c['failing_factor'] is not None else '-'} | "
                 f"{_ratio(c['rate'], best[1]) if best else '-'} | {'-' if p is None else f'{p:.2f}'} | "
                 f"{_ratio(p, c['rate'])} | {_ratio(p, pbest[1]) if pbest and p is not None else '-'} |"
             )
