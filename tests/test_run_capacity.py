@@ -34,7 +34,11 @@ def test_run_capacity_sweeps_every_variant_and_reports_the_one_that_did_not_star
         "BUDGET_S": "300",
     }
     done = subprocess.run(
-        ["bash", str(REPO / "bench/gpu/run_capacity.sh")], env=env, capture_output=True, text=True, timeout=280
+        ["bash", str(REPO / "bench/gpu/run_capacity.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     md = (out / "capacity.md").read_text()

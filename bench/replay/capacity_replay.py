@@ -139,7 +139,7 @@ def point_of(
 
 
 def sweep_variant(
-    name: str, flags: str, a: argparse.Namespace, cost: PassCost, targets: Targets
+    name: str, flags: str, a: argparse.Namespace, cost: PassCost, targets: Targets, shapes: Shapes = Shapes()
 ) -> dict[str, Any]:
     config = replay_config(flags, a.pool_tokens)
     out: dict[str, Any] = {
@@ -161,7 +161,7 @@ def sweep_variant(
         make, unit = WORKLOADS[w]
         sweep = Sweep(a.factors, range(a.seeds), a.attainment, a.below)
         for factor, seed in sweep:
-            arrivals, rate = make(Shapes(), factor, a.per_point, a.seed + seed)
+            arrivals, rate = make(shapes, factor, a.per_point, a.seed + seed)
             t0 = time.process_time()
             result = mr.run_timed(arrivals, config, cost, decode_ms=a.decode_ms)
             sweep.record(point_of(result, arrivals, factor, rate, seed, targets))
@@ -182,7 +182,7 @@ def sweep_variant(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument(
-        "--factors", type=float, nargs="+", default=[2.0, 1.5, 1.0, 0.75, 0.5, 0.35, 0.25, 0.15]
+        "--factors", type=float, nargs="+", default=[2.0, 1.5, 1.0, 0.75, 0.5, 0.35, 0.25, 0.15, 0.1, 0.05]
     )
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=20261129)
@@ -201,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alone-chunk", type=int, default=8192, help="stock default's chunk: the time alone")
     parser.add_argument("--decode-ms", type=float, default=mr.DECODE_MS)
     parser.add_argument("--pool-tokens", type=int, default=1 << 20, help="KV slots (the H200's ~700K at 0.8)")
-    a = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     harness.require_patched()
     cost = PassCost.parse(a.pass_cost)
     targets = Targets(alone_cost=cost, alone_chunk=a.alone_chunk)

@@ -536,7 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_args(r, ("mixed", "rag-stream"))
     s = r.add_argument_group("the sweep")
     s.add_argument(
-        "--factors", type=_floats, default=[2.0, 1.5, 1.0, 0.75, 0.5, 0.35, 0.25, 0.15], help="load factors"
+        "--factors",
+        type=_floats,
+        default=[2.0, 1.5, 1.0, 0.75, 0.5, 0.35, 0.25, 0.15, 0.1],
+        help="load factors",
     )
     s.add_argument("--seeds", type=int, default=2, help="seeds per factor (added to --seed)")
     s.add_argument(

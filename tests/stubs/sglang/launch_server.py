@@ -20,7 +20,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     await asyncio.sleep(prompt * 2e-6)
     for k in range(1, body["sampling_params"]["max_new_tokens"] + 1):
         meta = {"completion_tokens": k, "prompt_tokens": prompt, "cached_tokens": 0}
-        await resp.write(b"data: " + json.dumps({"output_ids": [7] * k, "meta_info": meta}).encode() + b"\n\n")
+        await resp.write(
+            b"data: " + json.dumps({"output_ids": [7] * k, "meta_info": meta}).encode() + b"\n\n"
+        )
     await resp.write(b"data: [DONE]\n\n")
     return resp
 
