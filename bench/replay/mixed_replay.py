@@ -41,6 +41,10 @@ from sglang_prefill_ext.runner.pass_cost import PassCost
 
 # One decode step of a few requests, 8B shape on the H200: stock's 114 tok/s per request (mixed workload).
 DECODE_MS = 8.8
+# The GPU idles while the patched overlap loop forms a lone prompt's next chunk after the last one's
+# result (--prefill-ext-lone-chunk-sync): the CPU's result processing and batch forming, an estimate (the
+# H200 pass log shows ~8-10 ms from one pass's forming to the next's with the forward's launch between).
+SYNC_GAP_MS = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,9 +156,11 @@ def run_timed(
     cost: PassCost,
     check_kv: bool = False,
     decode_ms: float = DECODE_MS,
+    sync_gap_ms: float = SYNC_GAP_MS,
 ) -> TimedResult:
     """Replay `arrivals` on the simulated clock; each formed prefill batch lasts `cost`'s prediction,
-    each decode step `decode_ms`."""
+    each decode step `decode_ms`, and a batch formed after the last one's result (no overlap for a lone
+    prompt's chunk) starts `sync_gap_ms` after it."""
     replay = sr.ReplayScheduler(config)
     runner = getattr(replay.scheduler, "prefill_ext_scheduler", None)
     clock = {"ms": 0.0}
@@ -203,7 +209,12 @@ def run_timed(
                 token_passes.setdefault(rid, []).append(forwards)
             forwards += 1
             # The next batch is formed once this one is launched (overlap) or has finished.
-            clock["ms"] = start if config.overlap else gpu_free
+            if not config.overlap:
+                clock["ms"] = gpu_free
+            elif replay.forms_after_result():
+                clock["ms"] = gpu_free + sync_gap_ms
+            else:
+                clock["ms"] = start
         elif todo and not replay.busy():
             clock["ms"] = max(clock["ms"], todo[0].ms)
         else:

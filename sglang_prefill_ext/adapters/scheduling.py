@@ -110,6 +110,7 @@ class PrefillExtScheduler:
             protect_waiting=config.protect_waiting,
         )
         self.pass_budget = pass_budget(config, page_size)
+        self.lone_chunk_sync = config.lone_chunk_sync and config.tbt_target_ms > 0
         self.clock = time.monotonic  # the CPU replay substitutes its simulated clock
         self.mixed_chunk = mixed_chunk  # running requests' decode tokens ride each prefill pass
         self.log = JsonlLog(config.log) if config.log else None
@@ -151,6 +152,22 @@ class PrefillExtScheduler:
         return policy.policy == CacheAwarePolicy.LPM
 
     # ----- the patch's calls -----
+
+    def forms_after_result(self, last_batch: Any, running_batch: Any, chunked_req: Req) -> bool:
+        """The overlap event loop's question before it forms the next batch: wait for `last_batch`'s
+        result first? True when `last_batch` was a lone long prompt's chunk that continues (its only
+        request is `chunked_req`) and nobody decodes (`running_batch` empty), under goodput scheduling
+        with `--prefill-ext-lone-chunk-sync`: the next chunk is then formed once the running one
+        finished, with the short requests that arrived while it ran, instead of ahead of them."""
+        return (
+            self.lone_chunk_sync
+            and chunked_req is not None
+            and last_batch is not None
+            and last_batch.forward_mode.is_extend()
+            and len(last_batch.reqs) == 1
+            and last_batch.reqs[0] is chunked_req
+            and running_batch.is_empty()
+        )
 
     def calc_priority(self, waiting_queue: list[Req], running_batch: Any = None, **stock: Any) -> None:
         """In place of `SchedulePolicy.calc_priority` (`stock`: that version's further arguments)."""
