@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Goodput capacity predicted on the CPU: bench/lib/capacity.py's sweep of load factors, each point
 replayed through the installed SGLang's real scheduler on bench/replay/mixed_replay.py's simulated
-clock (`run_timed`: each pass lasts the cost model's prediction), on the arrival plans the server
+clock (`run_timed`: each pass lasts the cost model's prediction, the model fitted to an H200 pass log
+unless given), on the arrival plans the server
 bench sends (bench/lib/arrivals.py), for the variants of bench/lib/variants.py.
 
 Writes OUT_DIR/<variant>.json in bench/serving/capacity.py's format, so the measured runs and these
@@ -30,6 +31,7 @@ from typing import Any
 
 from bench.lib.arrivals import mixed_load, mixed_plan, rag_stream_repeating
 from bench.lib.capacity import Point, Sweep, capacity
+from bench.lib.cost_fit import H200_PASS_LOG, fit_pass_log
 from bench.lib.goodput import Targets
 from bench.lib.variants import VARIANTS
 from bench.replay import mixed_replay as mr
@@ -151,7 +153,9 @@ def sweep_variant(
         "replay": {
             "flags": flags,
             "pass_cost": str(cost),
+            "pass_cost_from": "--pass-cost" if a.pass_cost else str(a.pass_log),
             "decode_ms": a.decode_ms,
+            "sync_gap_ms": a.sync_gap_ms,
             "overlap": config.overlap,
         },
         "targets": targets.as_dict(),
@@ -163,7 +167,7 @@ def sweep_variant(
         for factor, seed in sweep:
             arrivals, rate = make(shapes, factor, a.per_point, a.seed + seed)
             t0 = time.process_time()
-            result = mr.run_timed(arrivals, config, cost, decode_ms=a.decode_ms)
+            result = mr.run_timed(arrivals, config, cost, decode_ms=a.decode_ms, sync_gap_ms=a.sync_gap_ms)
             sweep.record(point_of(result, arrivals, factor, rate, seed, targets))
             p = sweep.points[-1]
             print(
@@ -197,9 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--per-point", type=int, default=200)
     parser.add_argument("--attainment", type=float, default=0.9)
     parser.add_argument("--below", type=int, default=1)
-    parser.add_argument("--pass-cost", default=str(PassCost()), help="FIXED_MS,TOKEN_US,PAIR_PS")
+    parser.add_argument(
+        "--pass-log",
+        type=Path,
+        default=H200_PASS_LOG,
+        help="the simulated clock's pass cost: fitted to this --prefill-ext-pass-log's timed chunks",
+    )
+    parser.add_argument("--pass-cost", help="FIXED_MS,TOKEN_US,PAIR_PS instead of --pass-log's fit")
     parser.add_argument("--alone-chunk", type=int, default=8192, help="stock default's chunk: the time alone")
     parser.add_argument("--decode-ms", type=float, default=mr.DECODE_MS)
+    parser.add_argument(
+        "--sync-gap-ms", type=float, default=mr.SYNC_GAP_MS, help="GPU idle before a synced lone chunk"
+    )
     parser.add_argument("--pool-tokens", type=int, default=1 << 20, help="KV slots (the H200's ~700K at 0.8)")
     return parser
 
@@ -207,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     harness.require_patched()
-    cost = PassCost.parse(a.pass_cost)
+    cost = PassCost.parse(a.pass_cost) if a.pass_cost else fit_pass_log(a.pass_log)
+    print(f"pass cost {cost} ({'given' if a.pass_cost else f'fitted to {a.pass_log}'})", file=sys.stderr)
     targets = Targets(alone_cost=cost, alone_chunk=a.alone_chunk)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     for name in a.variants:

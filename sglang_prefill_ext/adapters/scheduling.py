@@ -119,6 +119,8 @@ class PrefillExtScheduler:
         self._hit_tokens = 0
         self._tallies: weakref.WeakKeyDictionary[Req, RequestTally] = weakref.WeakKeyDictionary()
         self._plan = PassPlan(0)
+        self._riding = 0
+        self._synced = False
         self._shorts: list[Need] = []
         self._chunk_continues = False  # this pass capped SGLang's chunked request, which continues
         self._adder: Adder | None = None
@@ -159,7 +161,7 @@ class PrefillExtScheduler:
         request is `chunked_req`) and nobody decodes (`running_batch` empty), under goodput scheduling
         with `--prefill-ext-lone-chunk-sync`: the next chunk is then formed once the running one
         finished, with the short requests that arrived while it ran, instead of ahead of them."""
-        return (
+        self._synced = (
             self.lone_chunk_sync
             and chunked_req is not None
             and last_batch is not None
@@ -168,6 +170,7 @@ class PrefillExtScheduler:
             and last_batch.reqs[0] is chunked_req
             and running_batch.is_empty()
         )
+        return self._synced
 
     def calc_priority(self, waiting_queue: list[Req], running_batch: Any = None, **stock: Any) -> None:
         """In place of `SchedulePolicy.calc_priority` (`stock`: that version's further arguments)."""
@@ -197,6 +200,7 @@ class PrefillExtScheduler:
         """This pass's chunked-prefill budget with `decoding` requests running (None: chunking off)
         and `chunked_req` (SGLang's chunked request, if one continues this pass)."""
         config = self.config
+        self._riding = decoding if self.mixed_chunk else 0
         if chunked_prefill_size is None:
             self._plan = PassPlan(0)
             return None
@@ -218,7 +222,7 @@ class PrefillExtScheduler:
             long = self._need(after[0]) if after else None
         # Under --enable-mixed-chunk the running requests' decode tokens ride the pass: PrefillAdder
         # takes them off the chunk budget, and they take their share of the pass time.
-        riding = decoding if self.mixed_chunk else 0
+        riding = self._riding
         self._plan = self.pass_budget.plan(
             base, self.clock(), self._shorts, long, chunked_req is not None, riding
         )
@@ -298,6 +302,8 @@ class PrefillExtScheduler:
                 chunk=self._plan.chunk,
                 predicted_ms=round(cost.fixed_ms + predicted, 3) if reqs else 0.0,
                 reqs=reqs,
+                riding=self._riding,
+                synced=self._synced,
             )
         )
 
