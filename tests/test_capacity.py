@@ -204,6 +204,9 @@ def test_run_finds_the_capacity_of_an_overloaded_server_and_compare_reports_it(
 
     faster = json.loads(json.dumps(result))
     faster["label"] = "ext"
+    faster["calibration"]["ttft_s"] = {
+        n: [1.01 * t for t in ts] for n, ts in result["calibration"]["ttft_s"].items()
+    }
     faster["workloads"]["mixed"]["capacity"] = {"factor": 2.0, "rate": 160.0, "failing_factor": None}
     (tmp_path / "ext.json").write_text(json.dumps(faster))
     predicted = json.loads(json.dumps(result))
@@ -224,6 +227,8 @@ def test_run_finds_the_capacity_of_an_overloaded_server_and_compare_reports_it(
     assert "| stock | 40.00 | 0.5 | 2.0 | 1.00 | 30.00 | 0.75 | 1.00 |" in out
     assert "| ext | ≥ 160.00 | 2 | - | 4.00 |" in out  # its top factor passed: a lower bound
     assert "| stock | ≤" in out  # the stopped point's attainment is an upper bound
+    assert "| variant | 1,024 | 2,048 | 4,096 | 8,192 |" in out  # the lone prompts, each run's / stock's
+    assert out.count(" (1.010) |") == 4
     assert png.stat().st_size > 0 and cdf.stat().st_size > 0
     at_capacity = cap.at_capacity({**result, "path": str(tmp_path / "stock" / "capacity.json")}, "mixed")
     assert {r["factor"] for r in at_capacity} == {0.5} and len(at_capacity) == points[1]["completed"]

@@ -21,6 +21,7 @@ VARIANTS: dict[str, str] = {
     # SGLang 0.5.17 refuses PD-multiplexing with chunked prefill or the overlap scheduler
     "stock_pdmux": "--enable-pdmux --chunked-prefill-size -1 --disable-overlap-schedule",
     "ext_gp": GOODPUT,
+    "ext_gp_ahead": f"{GOODPUT} --prefill-ext-lone-chunk-sync false",  # a lone chunk's next formed ahead
     "ext_gp_lone": f"{GOODPUT} --prefill-ext-lone-pass-ms 150",
 }
 

@@ -31,6 +31,7 @@ import copy
 import dataclasses
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -412,12 +413,42 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}"
 
 
+def lone_rows(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Each run's calibration (lone prompts, nothing cached): median TTFT per length and its ratio to
+    the first run's (stock, when it ran)."""
+    medians = {
+        label: {
+            int(n): statistics.median(ts) for n, ts in run.get("calibration", {}).get("ttft_s", {}).items()
+        }
+        for label, run in runs
+    }
+    lengths = sorted({n for m in medians.values() for n in m})
+    if not lengths:
+        return []
+    ref_label, ref = runs[0][0], medians[runs[0][0]]
+    lines = [
+        f"### Lone prompts (calibration, median TTFT s; / {ref_label})",
+        "",
+        "| variant |" + "".join(f" {n:,} |" for n in lengths),
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for label, m in medians.items():
+        cells = [
+            ""
+            if n not in m
+            else f"{m[n]:.3f}" + (f" ({m[n] / ref[n]:.3f})" if n in ref and label != ref_label else "")
+            for n in lengths
+        ]
+        lines.append(f"| {label} |" + "".join(f" {c} |" for c in cells))
+    return [*lines, ""]
+
+
 def render(
     runs: Sequence[tuple[str, dict[str, Any]]], predicted: Sequence[tuple[str, dict[str, Any]]]
 ) -> str:
     workloads = workloads_of(runs)
     pred = dict(predicted)
-    lines: list[str] = []
+    lines: list[str] = lone_rows(runs)
     for w in workloads:
         entry = next(run["workloads"][w] for _, run in runs if w in run.get("workloads", {}))
         best = best_stock(runs, w)
