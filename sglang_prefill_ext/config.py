@@ -202,6 +202,15 @@ class PrefillExtConfig:
         "every lone long prompt pays the extra passes. 0: SGLang's full chunk (a lone prompt runs as on stock).",
         check=_non_negative,
     )
+    lone_chunk_sync: bool = _option(
+        True,
+        "Goodput scheduling under SGLang's overlap event loop: while a long prompt prefills alone (one "
+        "continuing chunk, nobody decoding), its next chunk is formed once the running chunk finished, not "
+        "while it runs, so a short request arriving mid-chunk rides the very next pass instead of waiting "
+        "behind a full chunk formed before it came. The lone prompt keeps SGLang's full chunks; each of its "
+        "chunk boundaries loses the overlap of one scheduling step. false: the next chunk is formed ahead, "
+        "as on stock.",
+    )
     short_max_tokens: int = _option(
         4096,
         "Short requests first and goodput scheduling: a waiting request with at most this many uncached "

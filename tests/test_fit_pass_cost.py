@@ -1,5 +1,6 @@
-"""The pass-cost refit: known constants come back from the TTFTs they predict; only lone, uncached
-prompts of a request log count; too few lengths is one line and exit 1."""
+"""The pass-cost refit: known constants come back from the TTFTs they predict, and from a pass log's
+lone chunks; only lone, uncached prompts of a request log count, only a pass log's overlapped lone chunks;
+too few lengths is one line and exit 1."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.lib import cost_fit
 from bench.serving import fit_pass_cost as fpc
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
@@ -61,3 +63,45 @@ def test_too_few_lengths_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.C
     assert fpc.main([str(log)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "3 or more lengths" in err
+
+
+def _pass(index: int, t_ms: float, reqs: list[list[int]], **fields: object) -> dict:
+    return dict(index=index, t_ms=t_ms, reqs=reqs, **fields)
+
+
+def overlapped_chunks(truth: PassCost, chunks: list[int]) -> list[dict]:
+    """A lone prompt's chunks as the overlap loop logs them: the second formed as the first is
+    launched, each later one once the one two before it finished."""
+    rows, ends, context = [], [0.0], 0
+    for i, n in enumerate(chunks):
+        t = ends[-2] + 1.0 if i >= 2 else float(i)
+        rows.append(_pass(i + 1, t, [[n, context, int(i < len(chunks) - 1)]]))
+        ends.append(max(ends[-1], t) + truth.fixed_ms + truth.variable_ms(n, context))
+        context += n
+    return rows
+
+
+def test_a_pass_logs_lone_chunks_recover_known_constants() -> None:
+    truth = PassCost(11.0, 20.0, 920.0)
+    rows = overlapped_chunks(truth, [8192, 6000, 4096, 3000, 2048, 8192, 1024, 512, 4096])
+    samples = cost_fit.chunk_samples(rows)
+    assert [n for n, _, _ in samples] == [8192, 6000, 4096, 3000, 2048, 8192, 1024]
+    got = cost_fit.fit_chunks(samples)
+    assert (got.fixed_ms, got.token_us, got.pair_ps) == pytest.approx((11.0, 20.0, 920.0), rel=1e-3)
+
+
+def test_passes_with_company_riding_decodes_or_a_sync_gap_are_not_timed() -> None:
+    rows = overlapped_chunks(PassCost(), [4096] * 6)
+    rows[1]["reqs"].append([512, 0, 0])  # a short beside chunk 2
+    rows[3]["riding"] = 3
+    rows[5]["synced"] = True
+    assert cost_fit.chunk_samples(rows) == []
+
+
+def test_the_h200_pass_log_puts_a_pass_at_9_to_13_ms(capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's reading of the 2026-12-03 run (each extra pass cost 9-13 ms, not 5), from the log."""
+    got = cost_fit.fit_pass_log(cost_fit.H200_PASS_LOG)
+    assert 9.0 <= got.fixed_ms <= 13.0
+    assert fpc.main(["--pass-log", str(cost_fit.H200_PASS_LOG)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"--prefill-ext-pass-cost {got}\n(from 189 timed lone chunks")

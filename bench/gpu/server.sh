@@ -1,6 +1,6 @@
 # server.sh - sourced by the GPU scripts after stack.sh: the patch state per variant and one SGLang
 # server at a time. Needs PY, MODEL, PORT, URL, WORK, and the functions log (one line to stdout) and
-# left (seconds left of the caller's budget).
+# left (seconds left of the caller's budget); GPU: the index whose memory stop_server waits on [0].
 
 # set_variant VARIANT: stock* -> patch reverted; any other (ext*, off: patched, flag off) -> patch
 # applied. Returns 1 if impossible.
@@ -58,7 +58,7 @@ stop_server() {
   # let the driver give the memory back before the next server sizes its KV pool
   for _ in $(seq 30); do
     local used
-    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 || echo 0)
+    used=$(nvidia-smi -i "${GPU:-0}" --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 || echo 0)
     [ "${used:-0}" -lt 2048 ] && break
     sleep 1
   done

@@ -156,6 +156,8 @@ class Client:
         self.progress = progress and _tqdm is not None
         self.session: Any = None
         self.records: list[Record] = []
+        # requests sent and not yet answered, with their perf_counter send time (a watcher's view)
+        self.in_flight: dict[int, tuple[Record, float]] = {}
         self._bar: Any = None
 
     async def __aenter__(self) -> Client:
@@ -215,6 +217,7 @@ class Client:
         output_ids: list[int] = []
         last: dict[str, Any] | None = None
         seen, t_token = 0, start
+        self.in_flight[id(rec)] = (rec, start)
         try:
             async with self.session.post(
                 self.url + "/generate", data=body, headers={"Content-Type": "application/json"}
@@ -258,6 +261,8 @@ class Client:
                             break
         except Exception as e:  # network errors, server death: recorded, not raised
             rec.error = f"{type(e).__name__}: {e}"[:500]
+        finally:
+            self.in_flight.pop(id(rec), None)
         end = time.perf_counter()
         if last is not None:
             meta = last.get("meta_info") or {}

@@ -56,6 +56,11 @@ class Targets:
             return self.short_ttft_target_ms / 1e3
         return self.long_factor * self.alone_s(uncached, cached)
 
+    def loosest_ttft_target_s(self, prompt_tokens: int) -> float:
+        """The most a prompt's TTFT target can be, whatever part of it turns out cached: a request past
+        it without a first token has missed."""
+        return max(self.short_ttft_target_ms / 1e3, self.ttft_target_s(prompt_tokens, 0))
+
 
 def tbt_p99(gaps: Sequence[float]) -> float | None:
     """A request's TBT p99 (None: fewer than two output tokens)."""

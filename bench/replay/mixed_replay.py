@@ -33,13 +33,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bench.lib.goodput import Targets, judge, summarize_goodput
+from bench.lib.arrivals import MixedPlan
+from bench.lib.goodput import Targets, Verdict, judge, summarize_goodput
 from bench.replay import schedule_replay as sr
 from sglang_prefill_ext import harness
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
 # One decode step of a few requests, 8B shape on the H200: stock's 114 tok/s per request (mixed workload).
 DECODE_MS = 8.8
+# The GPU idles while the patched overlap loop forms a lone prompt's next chunk after the last one's
+# result (--prefill-ext-lone-chunk-sync): the CPU's result processing and batch forming, an estimate (the
+# H200 pass log shows ~8-10 ms from one pass's forming to the next's with the forward's launch between).
+SYNC_GAP_MS = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +87,23 @@ def mixed(
     return sorted(out, key=lambda a: a.ms)
 
 
+def mixed_arrivals(plan: MixedPlan, long_tokens: int, output: int, rng: random.Random) -> list[Arrival]:
+    """`plan`'s requests (bench/lib/arrivals.py, the server bench's own plan) with token ids from `rng`."""
+    longs = [
+        Arrival(
+            at * 1e3,
+            sr.TraceReq(f"long{i}", tuple(sr._tokens(rng, long_tokens)), max_new_tokens=output),
+            "long",
+        )
+        for i, at in enumerate(plan.long_s)
+    ]
+    shorts = [
+        Arrival(at * 1e3, sr.TraceReq(f"short{j}", tuple(sr._tokens(rng, n)), max_new_tokens=output), "short")
+        for j, (at, n) in enumerate(zip(plan.short_s, plan.short_tokens, strict=True))
+    ]
+    return sorted(longs + shorts, key=lambda a: a.ms)
+
+
 @dataclasses.dataclass
 class TimedResult:
     mode: str
@@ -92,6 +114,7 @@ class TimedResult:
         str, list[int]
     ]  # rid -> the forwards (prefill or decode, counted from 0) giving it a token
     chunks: dict[str, int]  # rid -> passes its prompt was computed in
+    cached: dict[str, int]  # rid -> prompt tokens it found cached at its first admission
     groups: dict[str, str]
     prompt_tokens: dict[str, int]
     span_ms: float  # the first arrival to the last token
@@ -109,13 +132,22 @@ class TimedResult:
     def gaps(self) -> list[float]:
         return [g for gaps in self.tbt_ms.values() for g in gaps]
 
-    def goodput(self, targets: Targets) -> dict[str, Any]:
-        """bench/lib/goodput.py's numbers on the simulated clock (prompts are unique: nothing cached)."""
-        verdicts = [
-            judge(self.prompt_tokens[rid], 0, ms / 1e3, [g / 1e3 for g in self.tbt_ms.get(rid, [])], targets)
+    def verdicts(self, targets: Targets) -> list[Verdict]:
+        """bench/lib/goodput.py's verdict of every request that got its first token."""
+        return [
+            judge(
+                self.prompt_tokens[rid],
+                self.cached.get(rid, 0),
+                ms / 1e3,
+                [g / 1e3 for g in self.tbt_ms.get(rid, [])],
+                targets,
+            )
             for rid, ms in self.ttft_ms.items()
         ]
-        return summarize_goodput(verdicts, len(self.groups), self.span_ms / 1e3)
+
+    def goodput(self, targets: Targets) -> dict[str, Any]:
+        """bench/lib/goodput.py's numbers on the simulated clock."""
+        return summarize_goodput(self.verdicts(targets), len(self.groups), self.span_ms / 1e3)
 
 
 def run_timed(
@@ -124,9 +156,11 @@ def run_timed(
     cost: PassCost,
     check_kv: bool = False,
     decode_ms: float = DECODE_MS,
+    sync_gap_ms: float = SYNC_GAP_MS,
 ) -> TimedResult:
     """Replay `arrivals` on the simulated clock; each formed prefill batch lasts `cost`'s prediction,
-    each decode step `decode_ms`."""
+    each decode step `decode_ms`, and a batch formed after the last one's result (no overlap for a lone
+    prompt's chunk) starts `sync_gap_ms` after it."""
     replay = sr.ReplayScheduler(config)
     runner = getattr(replay.scheduler, "prefill_ext_scheduler", None)
     clock = {"ms": 0.0}
@@ -137,6 +171,7 @@ def run_timed(
     ttft: dict[str, float] = {}
     e2e: dict[str, float] = {}
     chunks: dict[str, int] = {}
+    cached: dict[str, int] = {}
     token_ms: dict[str, list[float]] = {}
     token_passes: dict[str, list[int]] = {}
     forwards = 0
@@ -162,6 +197,8 @@ def run_timed(
             gpu_free = start + ms
             busy += ms
             prompts = [(rid, end) for rid, _, end in step.admitted if rid not in step.riding]
+            for rid, begin, _ in step.admitted:
+                cached.setdefault(rid, begin)
             for rid, end in prompts:
                 chunks[rid] = chunks.get(rid, 0) + 1
                 if end == lengths[rid] and rid not in ttft:
@@ -172,7 +209,12 @@ def run_timed(
                 token_passes.setdefault(rid, []).append(forwards)
             forwards += 1
             # The next batch is formed once this one is launched (overlap) or has finished.
-            clock["ms"] = start if config.overlap else gpu_free
+            if not config.overlap:
+                clock["ms"] = gpu_free
+            elif replay.forms_after_result():
+                clock["ms"] = gpu_free + sync_gap_ms
+            else:
+                clock["ms"] = start
         elif todo and not replay.busy():
             clock["ms"] = max(clock["ms"], todo[0].ms)
         else:
@@ -186,6 +228,7 @@ def run_timed(
         tbt_ms={rid: [b - a for a, b in itertools.pairwise(ts)] for rid, ts in token_ms.items()},
         token_passes=token_passes,
         chunks=chunks,
+        cached=cached,
         groups={a.req.rid: a.group for a in arrivals},
         prompt_tokens=lengths,
         span_ms=max(arrived[rid] + ms for rid, ms in e2e.items()) - min(arrived.values()),

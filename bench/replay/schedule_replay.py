@@ -387,6 +387,9 @@ class ReplayScheduler:
 
     def step(self) -> None:
         s = self.scheduler
+        if self.forms_after_result():
+            self._process_prefill_result(self._pending)
+            self._pending = None
         if s.chunked_req is not None:
             s.stash_chunked_request(s.chunked_req)
         start = time.process_time()
@@ -417,6 +420,16 @@ class ReplayScheduler:
             self._finish_decode(decoding)
         if batch is not None:
             self._join_running(batch)
+
+    def forms_after_result(self) -> bool:
+        """The patched overlap loop's check before it forms the next batch (`forms_after_result` of the
+        extension's scheduler): process the pending result first, as for a lone long prompt's chunk."""
+        glue = getattr(self.scheduler, "prefill_ext_scheduler", None)
+        return (
+            self._pending is not None
+            and glue is not None
+            and glue.forms_after_result(self._pending, self.running_batch, self.scheduler.chunked_req)
+        )
 
     def _process_prefill_result(self, batch: ScheduleBatch) -> None:
         for req in self.kit.finish_prefill(self.scheduler, batch, OUTPUT_TOKEN):

@@ -1,7 +1,8 @@
 """Refit `--prefill-ext-pass-cost` (FIXED_MS,TOKEN_US,PAIR_PS) for a model and GPU from a stock run's
-single-prompt TTFTs.
+single-prompt TTFTs, or from the extension's pass log (`--prefill-ext-pass-log`).
 
     python -m bench.serving.fit_pass_cost OUT/ab/stock/requests.jsonl [--chunk 8192]
+    python -m bench.serving.fit_pass_cost --pass-log OUT/ab/ext_gp/passes-main.jsonl
 
 A prompt of n uncached tokens alone on stock runs one pass per chunk of `--chunk` tokens, so its TTFT is
 the sum over its chunks of FIXED + TOKEN x tokens + PAIR x (new token, context token) pairs: linear in the
@@ -10,13 +11,13 @@ requests of `bench/serving/ttft_bench.py`'s request log that ran alone with noth
 "<N> first" rows and the unique workload), minimises the relative error (a 1K prompt's 30 ms counts as
 much as a 100K prompt's 6.6 s) with every constant >= 0, and prints the flag value and each length's
 prediction against its measured median.
+
+A pass log's chunks are timed and fitted as bench/lib/cost_fit.py says.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import statistics
 import sys
 from collections.abc import Iterable, Sequence
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.lib.cost_fit import chunk_samples, fit_chunks, fit_relative, read_jsonl
 from bench.lib.goodput import Targets
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
@@ -61,24 +63,7 @@ def fit(samples: Sequence[tuple[int, float]], chunk: int) -> PassCost:
     if len(lengths) < 3:
         raise ValueError(f"needs single-prompt TTFTs at 3 or more lengths, got {lengths}")
     x = np.array([features(n, chunk) for n, _ in samples])
-    y = np.array([t * 1e3 for _, t in samples])
-    x, target = x / y[:, None], np.ones_like(y)  # relative error
-    scale = np.array([1.0, 1e-3, 1e-9])  # ms per pass, us per token, ps per pair
-    best: tuple[float, np.ndarray] | None = None
-    for keep in itertools.product([True, False], repeat=3):  # non-negative least squares over 3 unknowns
-        cols = [i for i in range(3) if keep[i]]
-        if not cols:
-            continue
-        coef = np.zeros(3)
-        coef[cols] = np.linalg.lstsq(x[:, cols], target, rcond=None)[0]
-        if (coef < 0).any():
-            continue
-        err = float(((x @ coef - target) ** 2).sum())
-        if best is None or err < best[0]:
-            best = (err, coef)
-    assert best is not None  # the passes column alone always fits with a positive constant
-    fixed_ms, token_us, pair_ps = (best[1] / scale).tolist()
-    return PassCost(round(fixed_ms, 3), round(token_us, 3), round(pair_ps, 1))
+    return fit_relative(x, np.array([t * 1e3 for _, t in samples]))
 
 
 def predicted_s(cost: PassCost, tokens: int, chunk: int) -> float:
@@ -101,17 +86,46 @@ def report(samples: Sequence[tuple[int, float]], cost: PassCost, chunk: int) -> 
     return "\n".join(lines)
 
 
+def chunk_report(samples: Sequence[tuple[int, int, float]], cost: PassCost) -> str:
+    """The flag value and the fit's relative error over the timed chunks, beside the default model's."""
+
+    def errors(model: PassCost) -> list[float]:
+        return [abs(model.fixed_ms + model.variable_ms(n, ctx) - ms) / ms for n, ctx, ms in samples]
+
+    fitted, default = errors(cost), errors(PassCost())
+    return "\n".join(
+        [
+            f"--prefill-ext-pass-cost {cost}",
+            f"(from {len(samples)} timed lone chunks of the pass log; the default is {PassCost()})",
+            "| model | median relative error | p90 relative error |",
+            "|---|---:|---:|",
+            f"| fitted | {statistics.median(fitted):.3f} | {np.percentile(fitted, 90):.3f} |",
+            f"| default | {statistics.median(default):.3f} | {np.percentile(default, 90):.3f} |",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "logs", type=Path, nargs="+", help="ttft_bench request logs (requests.jsonl) of stock"
+        "logs", type=Path, nargs="*", help="ttft_bench request logs (requests.jsonl) of stock"
     )
     parser.add_argument("--chunk", type=int, default=8192, help="the run's --chunked-prefill-size")
+    parser.add_argument("--pass-log", type=Path, help="fit a --prefill-ext-pass-log file instead")
     args = parser.parse_args(argv)
+    if args.pass_log is not None:
+        try:
+            samples = chunk_samples(read_jsonl(args.pass_log))
+            cost = fit_chunks(samples)
+        except (OSError, ValueError, KeyError) as err:
+            print(f"fit_pass_cost: {err}", file=sys.stderr)
+            return 1
+        print(chunk_report(samples, cost))
+        return 0
+    if not args.logs:
+        parser.error("give request logs or --pass-log")
     try:
-        rows = [
-            json.loads(line) for log in args.logs for line in log.read_text().splitlines() if line.strip()
-        ]
+        rows = [row for log in args.logs for row in read_jsonl(log)]
         samples = alone_samples(rows)
         cost = fit(samples, args.chunk)
     except (OSError, ValueError, KeyError) as err:

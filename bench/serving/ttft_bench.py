@@ -28,6 +28,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.lib.client import Client, flush_cache, server_info, wait_healthy
@@ -135,39 +136,30 @@ def _floats(s: str) -> list[float]:
     return [float(x) for x in s.split(",") if x]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-
-    r = sub.add_parser("run", help="send workloads to a running server")
-    r.add_argument("--url", default="http://127.0.0.1:30000")
-    r.add_argument("--label", default="stock", help="variant name stored with every record (stock, ext, ...)")
-    r.add_argument(
-        "--workloads",
-        default=",".join(DEFAULT_WORKLOADS),
-        help=f"comma-separated, from: {', '.join(WORKLOADS)}",
+def add_client_args(p: argparse.ArgumentParser, workloads: Sequence[str]) -> None:
+    """The server, the label, the workloads (default `workloads`), the output folder and the prompts."""
+    p.add_argument("--url", default="http://127.0.0.1:30000")
+    p.add_argument("--label", default="stock", help="variant name stored with every record (stock, ext, ...)")
+    p.add_argument(
+        "--workloads", default=",".join(workloads), help=f"comma-separated, from: {', '.join(WORKLOADS)}"
     )
-    r.add_argument("--out-dir", required=True)
-    r.add_argument("--seed", type=int, default=20261129)
-    r.add_argument("--token-low", type=int, default=1000)
-    r.add_argument(
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--seed", type=int, default=20261129)
+    p.add_argument("--token-low", type=int, default=1000)
+    p.add_argument(
         "--token-high",
         type=int,
         default=LLAMA3_FIRST_SPECIAL,
         help="exclusive; keep below the first special id and the vocab size (Llama-3: 128000)",
     )
-    r.add_argument("--max-new-tokens", type=int, default=32, help="all workloads but baseline (1)")
-    r.add_argument(
-        "--deadline",
-        type=float,
-        default=0.0,
-        help="unix time; workloads estimated to end past it are skipped",
-    )
-    r.add_argument("--health-timeout", type=float, default=600.0)
-    r.add_argument("--no-warmup", dest="warmup", action="store_false")
-    r.add_argument("--no-flush", action="store_true", help="do not POST /flush_cache before each workload")
-    r.add_argument("--no-progress", action="store_true")
-    g = r.add_argument_group("workload shapes (defaults follow issue 4)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="all workloads but baseline (1)")
+    p.add_argument("--health-timeout", type=float, default=600.0)
+    p.add_argument("--no-progress", action="store_true")
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The workloads' shapes (`run` here, `bench.serving.capacity run`)."""
+    g = p.add_argument_group("workload shapes (defaults follow issue 4)")
     g.add_argument("--baseline-reps", type=int, default=3)
     g.add_argument("--burst-n", type=int, default=16)
     g.add_argument("--burst-shared", type=int, default=32768)
@@ -184,6 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--agent-first-tokens", type=int, default=8192, help="turn-1 prompt, system included")
     g.add_argument("--agent-tool-tokens", type=int, default=8000, help="appended after each reply")
     g.add_argument("--agent-think-s", type=float, default=0.0)
+    g.add_argument(
+        "--agent-session-rate", type=float, default=0.0, help="sessions started per second (0: all at once)"
+    )
+    g.add_argument("--rag-stream-requests", type=int, default=200)
+    g.add_argument("--rag-stream-docs", type=int, default=24, help="catalogue size (--rag-doc-tokens each)")
+    g.add_argument("--rag-stream-zipf", type=float, default=1.0, help="popularity: Zipf exponent over ranks")
+    g.add_argument(
+        "--rag-stream-new-every", type=int, default=24, help="a new cold document every N requests (0: never)"
+    )
+    g.add_argument("--rag-stream-rate", type=float, default=12.0, help="Poisson arrivals per second")
     g.add_argument("--unique-lengths", type=_ints, default=[8192, 32768, 100000])
     g.add_argument("--unique-reps", type=_ints, default=[4, 3, 2])
     g.add_argument("--mixed-long-n", type=int, default=4)
@@ -215,7 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--doctor-doc-tokens", type=_ints, default=[2900, 4100, 3300, 5000, 3700], help="shuffled's documents"
     )
 
-    t = r.add_argument_group("goodput targets (defaults: issue 27's)")
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    """The goodput targets, defaults from `bench.lib.goodput.Targets` (`targets_of` reads them back)."""
+    t = p.add_argument_group("goodput targets (defaults: issue 27's)")
     t.add_argument(
         "--short-max-tokens", type=int, default=Targets.short_max_tokens, help="short: uncached tokens"
     )
@@ -245,6 +250,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--alone-chunk", type=int, default=Targets.alone_chunk, help="stock's chunked prefill size"
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="send workloads to a running server")
+    add_client_args(r, DEFAULT_WORKLOADS)
+    r.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        help="unix time; workloads estimated to end past it are skipped",
+    )
+    r.add_argument("--no-warmup", dest="warmup", action="store_false")
+    r.add_argument("--no-flush", action="store_true", help="do not POST /flush_cache before each workload")
+    add_workload_args(r)
+    add_target_args(r)
 
     for verb in ("report", "compare"):
         rp = sub.add_parser(verb, help="markdown table + CDF PNG; two summaries give ratios")

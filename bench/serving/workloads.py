@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bench.lib.arrivals import mixed_plan, rag_stream_plan
 from bench.lib.client import Client, Record
 
 BASELINE_LENGTHS = (1024, 8192, 32768, 100000)
@@ -31,6 +32,8 @@ ESTIMATED_S = {
     "agent": 35,
     "unique": 30,
     "mixed": 12,
+    # 200 requests at 12 req/s, cold 16K documents among cache hits: not measured yet
+    "rag-stream": 20,
     "pressure": 45,
     # the cache doctor's planted workloads at their defaults: the pass-cost model's prefill time plus
     # 32 decode steps of ~9 ms per request, not measured yet
@@ -198,12 +201,19 @@ async def wl_rag(ctx: Ctx, name: str) -> dict[str, Any]:
 
 
 async def wl_agent(ctx: Ctx, name: str) -> dict[str, Any]:
-    """(3) 8 sessions x 6 turns; each turn appends the reply and a tool output (~48K at the end)."""
+    """(3) 8 sessions x 6 turns; each turn appends the reply and a tool output (~48K at the end); the
+    sessions start at once, or as a Poisson process of --agent-session-rate per second."""
     c, tok, a = ctx.client, ctx.tokens, ctx.args
     system = tok.ids(a.agent_system_tokens, name, "system")
+    starts = [0.0] * a.agent_sessions
+    if a.agent_session_rate > 0:
+        rng = tok.rng(name)
+        for s in range(1, a.agent_sessions):
+            starts[s] = starts[s - 1] + rng.expovariate(a.agent_session_rate)
     t0 = time.perf_counter()
 
     async def session(s: int) -> None:
+        await asyncio.sleep(starts[s] - (time.perf_counter() - t0))
         ctx_ids = system + tok.ids(a.agent_first_tokens - a.agent_system_tokens, name, s, "task")
         reusable = 0
         for turn in range(a.agent_turns):
@@ -252,43 +262,81 @@ async def wl_unique(ctx: Ctx, name: str) -> dict[str, Any]:
 async def wl_mixed(ctx: Ctx, name: str) -> dict[str, Any]:
     """(5) short requests (Poisson) while long unique prompts arrive every few seconds."""
     c, tok, a = ctx.client, ctx.tokens, ctx.args
-    rng = tok.rng(name)
+    plan = mixed_plan(
+        tok.rng(name),
+        a.mixed_long_n,
+        a.mixed_long_every_s,
+        a.mixed_short_n,
+        a.mixed_short_min,
+        a.mixed_short_max,
+        a.mixed_short_rate,
+    )
     t0 = time.perf_counter()
     tasks = []
-    for i in range(a.mixed_long_n):
+    for i, at in enumerate(plan.long_s):
+        ids = tok.ids(a.mixed_long_tokens, name, "long", i)
         tasks.append(
             _at(
-                i * a.mixed_long_every_s,
-                c.generate(
-                    tok.ids(a.mixed_long_tokens, name, "long", i),
-                    workload=name,
-                    group="long",
-                    idx=i,
-                    t0=t0,
-                    max_new_tokens=a.max_new_tokens,
-                ),
+                at,
+                c.generate(ids, workload=name, group="long", idx=i, t0=t0, max_new_tokens=a.max_new_tokens),
             )
         )
-    t = rng.expovariate(a.mixed_short_rate)
-    for j in range(a.mixed_short_n):
-        n = rng.randint(a.mixed_short_min, a.mixed_short_max)
+    for j, (at, n) in enumerate(zip(plan.short_s, plan.short_tokens, strict=True)):
+        idx = len(plan.long_s) + j
         tasks.append(
             _at(
-                t,
+                at,
                 c.generate(
                     tok.ids(n, name, "short", j),
                     workload=name,
                     group="short",
-                    idx=a.mixed_long_n + j,
+                    idx=idx,
                     t0=t0,
                     max_new_tokens=a.max_new_tokens,
                 ),
             )
         )
-        t += rng.expovariate(a.mixed_short_rate)
     with c.bar(len(tasks), name):
         await asyncio.gather(*tasks)
     return {}
+
+
+async def wl_rag_stream(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(10) RAG where cold documents keep arriving: Zipf popularity over a catalogue that takes a new
+    document every few requests, 100-token questions, Poisson arrivals."""
+    c, tok, a = ctx.client, ctx.tokens, ctx.args
+    plan = rag_stream_plan(
+        tok.rng(name),
+        a.rag_stream_requests,
+        a.rag_stream_docs,
+        a.rag_stream_zipf,
+        a.rag_stream_new_every,
+        a.rag_stream_rate,
+    )
+    seen: set[int] = set()
+    t0 = time.perf_counter()
+    tasks = []
+    for i, (at, d) in enumerate(zip(plan.at_s, plan.doc, strict=True)):
+        ids = tok.ids(a.rag_doc_tokens, name, "doc", d) + tok.ids(a.rag_question_tokens, name, "q", i)
+        reusable = a.rag_doc_tokens if d in seen else 0
+        seen.add(d)
+        tasks.append(
+            _at(
+                at,
+                c.generate(
+                    ids,
+                    workload=name,
+                    group="hit" if reusable else "cold",
+                    idx=i,
+                    t0=t0,
+                    max_new_tokens=a.max_new_tokens,
+                    reusable=reusable,
+                ),
+            )
+        )
+    with c.bar(len(tasks), name):
+        await asyncio.gather(*tasks)
+    return {"arrival_rate_per_s": a.rag_stream_rate, "documents": len(seen)}
 
 
 async def _one_at_a_time(ctx: Ctx, name: str, prompts: list[list[int]]) -> dict[str, Any]:
@@ -356,7 +404,7 @@ def pressure_names(ratios: list[float]) -> list[str]:
 
 def workload_kind(name: str) -> str:
     """'pressure-1.5x' -> 'pressure'; other names are their own kind."""
-    return name.partition("-")[0]
+    return "pressure" if name.startswith("pressure-") else name
 
 
 async def wl_pressure(ctx: Ctx, name: str) -> dict[str, Any]:
@@ -418,6 +466,7 @@ WORKLOADS: dict[str, WorkloadFn] = {
     "agent": wl_agent,
     "unique": wl_unique,
     "mixed": wl_mixed,
+    "rag-stream": wl_rag_stream,
     "pressure": wl_pressure,
     "timestamp": wl_timestamp,
     "shuffled": wl_shuffled,

@@ -110,6 +110,7 @@ class PrefillExtScheduler:
             protect_waiting=config.protect_waiting,
         )
         self.pass_budget = pass_budget(config, page_size)
+        self.lone_chunk_sync = config.lone_chunk_sync and config.tbt_target_ms > 0
         self.clock = time.monotonic  # the CPU replay substitutes its simulated clock
         self.mixed_chunk = mixed_chunk  # running requests' decode tokens ride each prefill pass
         self.log = JsonlLog(config.log) if config.log else None
@@ -118,6 +119,8 @@ class PrefillExtScheduler:
         self._hit_tokens = 0
         self._tallies: weakref.WeakKeyDictionary[Req, RequestTally] = weakref.WeakKeyDictionary()
         self._plan = PassPlan(0)
+        self._riding = 0
+        self._synced = False
         self._shorts: list[Need] = []
         self._chunk_continues = False  # this pass capped SGLang's chunked request, which continues
         self._adder: Adder | None = None
@@ -152,6 +155,23 @@ class PrefillExtScheduler:
 
     # ----- the patch's calls -----
 
+    def forms_after_result(self, last_batch: Any, running_batch: Any, chunked_req: Req) -> bool:
+        """The overlap event loop's question before it forms the next batch: wait for `last_batch`'s
+        result first? True when `last_batch` was a lone long prompt's chunk that continues (its only
+        request is `chunked_req`) and nobody decodes (`running_batch` empty), under goodput scheduling
+        with `--prefill-ext-lone-chunk-sync`: the next chunk is then formed once the running one
+        finished, with the short requests that arrived while it ran, instead of ahead of them."""
+        self._synced = (
+            self.lone_chunk_sync
+            and chunked_req is not None
+            and last_batch is not None
+            and last_batch.forward_mode.is_extend()
+            and len(last_batch.reqs) == 1
+            and last_batch.reqs[0] is chunked_req
+            and running_batch.is_empty()
+        )
+        return self._synced
+
     def calc_priority(self, waiting_queue: list[Req], running_batch: Any = None, **stock: Any) -> None:
         """In place of `SchedulePolicy.calc_priority` (`stock`: that version's further arguments)."""
         self.runner.begin_pass(waiting_queue, self.landed)
@@ -180,6 +200,7 @@ class PrefillExtScheduler:
         """This pass's chunked-prefill budget with `decoding` requests running (None: chunking off)
         and `chunked_req` (SGLang's chunked request, if one continues this pass)."""
         config = self.config
+        self._riding = decoding if self.mixed_chunk else 0
         if chunked_prefill_size is None:
             self._plan = PassPlan(0)
             return None
@@ -201,7 +222,7 @@ class PrefillExtScheduler:
             long = self._need(after[0]) if after else None
         # Under --enable-mixed-chunk the running requests' decode tokens ride the pass: PrefillAdder
         # takes them off the chunk budget, and they take their share of the pass time.
-        riding = decoding if self.mixed_chunk else 0
+        riding = self._riding
         self._plan = self.pass_budget.plan(
             base, self.clock(), self._shorts, long, chunked_req is not None, riding
         )
@@ -281,6 +302,8 @@ class PrefillExtScheduler:
                 chunk=self._plan.chunk,
                 predicted_ms=round(cost.fixed_ms + predicted, 3) if reqs else 0.0,
                 reqs=reqs,
+                riding=self._riding,
+                synced=self._synced,
             )
         )
 

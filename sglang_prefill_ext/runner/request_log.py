@@ -49,9 +49,13 @@ class FlushRecord:
 
 @dataclasses.dataclass(frozen=True)
 class PassRecord:
-    """One prefill pass as scheduled: `t_ms` on the scheduler's monotonic clock (the gap to the next
-    pass's is about this pass's forward time while the scheduler is busy); `reqs` lists, per admitted
-    request, [new tokens, cached tokens, 1 if its prompt continues in a later chunk]."""
+    """One prefill pass as scheduled: `t_ms` on the scheduler's monotonic clock; `reqs` lists, per
+    admitted request, [new tokens, cached tokens, 1 if its prompt continues in a later chunk]; `riding`:
+    running requests' decode tokens in the pass (mixed chunk); `synced`: formed after the last pass's
+    result (--prefill-ext-lone-chunk-sync), not while it ran. While the overlap loop is busy the
+    next pass is formed as this one is launched, and the one after once the last one finished: the gap
+    from the next pass's `t_ms` to the one after it is this pass's forward time
+    (bench/serving/fit_pass_cost.py fits the cost model to it)."""
 
     t_ms: float
     index: int
@@ -61,6 +65,8 @@ class PassRecord:
     chunk: int
     predicted_ms: float
     reqs: list[list[int]]
+    riding: int = 0
+    synced: bool = False
 
 
 class JsonlLog:

@@ -69,6 +69,7 @@ PORTED = adapters.current("hooks").PORTED_OPTIONS
         ("log", "x.jsonl"),
         ("tbt_target_ms", "100"),
         ("lone_pass_ms", "150"),
+        ("lone_chunk_sync", "false"),
     ],
 )
 def test_options_not_ported_to_this_version_refused(

@@ -12,6 +12,10 @@ off; the patches import this module as `prefill_ext_scheduling`) and calls it at
   next uncached pages are in flight;
 - `admitted(adder)` once the queue loop ends: tracks the last admissions, publishes the counters.
 
+Its overlap event loop asks `forms_after_result(last_batch, running_batch, chunked_req)` before it
+forms a batch: True processes the last batch's result first (and receives again), so a lone long
+prompt's next chunk is formed after its running chunk, with the requests that arrived meanwhile.
+
 The patched `release_kv_cache` (every finished or aborted request passes through it) calls
 `released(req, tree_cache)`: the request's `--prefill-ext-log` line, written by the scheduler that
 owns that tree cache.

@@ -58,6 +58,8 @@ UNPORTED_WHY = {
     "tbt_target_ms": _NO_CHUNK_HOOK,
     "pass_budget_ms": _NO_CHUNK_HOOK,
     "lone_pass_ms": _NO_CHUNK_HOOK,
+    "lone_chunk_sync": "it serves goodput scheduling, which needs the chunk-budget hook, and its overlap "
+    "event loop has no lone-chunk hook either",
 }
 
 

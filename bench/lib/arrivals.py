@@ -1,0 +1,110 @@
+"""Arrival plans the TTFT harness sends (bench/serving/workloads.py) and the CPU replay predicts
+(bench/replay/capacity_replay.py) alike: when each request arrives and what it reads, drawn from a
+seeded `random.Random`, without its token ids (each side makes its own).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from collections.abc import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedPlan:
+    """Long unique prompts at `long_s` among short unique prompts of `short_tokens` at `short_s`."""
+
+    long_s: tuple[float, ...]
+    short_s: tuple[float, ...]
+    short_tokens: tuple[int, ...]
+
+
+def mixed_plan(
+    rng: random.Random,
+    long_n: int,
+    long_every_s: float,
+    short_n: int,
+    short_min: int,
+    short_max: int,
+    short_rate: float,
+) -> MixedPlan:
+    """`long_n` long prompts every `long_every_s` from 0; `short_n` short ones of `short_min`..`short_max`
+    tokens arriving as a Poisson process of `short_rate` per second (first arrival, then length, per short)."""
+    times, lengths = [], []
+    t = rng.expovariate(short_rate)
+    for _ in range(short_n):
+        lengths.append(rng.randint(short_min, short_max))
+        times.append(t)
+        t += rng.expovariate(short_rate)
+    return MixedPlan(tuple(i * long_every_s for i in range(long_n)), tuple(times), tuple(lengths))
+
+
+def longs_spanning(short_n: int, short_rate: float, long_every_s: float) -> int:
+    """Long prompts (one every `long_every_s` from 0) over the expected span of `short_n` Poisson shorts."""
+    return int(short_n / short_rate // long_every_s) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedLoad:
+    """The mixed workload's arrival rates and counts at one load factor (`mixed_plan`'s arguments)."""
+
+    short_rate: float
+    long_every_s: float
+    short_n: int
+    long_n: int
+
+
+def mixed_load(short_rate: float, long_every_s: float, factor: float, short_n: int) -> MixedLoad:
+    """Both arrival processes `factor` times faster, `short_n` shorts, long prompts spanning them."""
+    rate, every = short_rate * factor, long_every_s / factor
+    return MixedLoad(rate, every, short_n, longs_spanning(short_n, rate, every))
+
+
+@dataclasses.dataclass(frozen=True)
+class RagStreamPlan:
+    """Request i arrives at `at_s[i]` and asks about document `doc[i]` (documents are numbered in the
+    order they enter the catalogue)."""
+
+    at_s: tuple[float, ...]
+    doc: tuple[int, ...]
+
+    def repeats(self) -> int:
+        """Requests about a document an earlier request already read (cache hits, absent eviction)."""
+        return len(self.doc) - len(set(self.doc))
+
+
+def zipf_weights(n: int, s: float) -> list[float]:
+    return [1.0 / (rank**s) for rank in range(1, n + 1)]
+
+
+def rag_stream_plan(
+    rng: random.Random, requests: int, docs: int, zipf: float, new_every: int, rate: float
+) -> RagStreamPlan:
+    """A catalogue of `docs` documents ranked by popularity, each request's document drawn by rank with
+    Zipf(`zipf`) weights, Poisson arrivals of `rate` per second; every `new_every` requests (0: never) a
+    new, cold document enters at rank 1 and the least popular one leaves, so cold documents keep arriving."""
+    weights = zipf_weights(docs, zipf)
+    catalogue = list(range(docs))  # rank -> document
+    fresh = itertools.count(docs)
+    at, doc, t = [], [], 0.0
+    for i in range(requests):
+        if new_every and i and i % new_every == 0:
+            catalogue = [next(fresh), *catalogue[:-1]]
+        doc.append(rng.choices(catalogue, weights)[0])
+        at.append(t)
+        t += rng.expovariate(rate)
+    return RagStreamPlan(tuple(at), tuple(doc))
+
+
+def rag_stream_repeating(
+    rng: Callable[[], random.Random], repeats: int, docs: int, zipf: float, new_every: int, rate: float
+) -> RagStreamPlan:
+    """The shortest `rag_stream_plan` (from a fresh `rng()` each try) with `repeats` repeat requests; a
+    plan's prefix is the plan of fewer requests, so growing it keeps the requests already drawn."""
+    requests = repeats
+    while (plan := rag_stream_plan(rng(), requests, docs, zipf, new_every, rate)).repeats() < repeats:
+        requests += repeats - plan.repeats()
+    return plan
