@@ -139,9 +139,12 @@ def test_the_dev_rule_takes_the_least_dense_config_that_keeps_every_answer(force
 def test_server_flags_give_the_configs_selection(forced: ModuleType) -> None:
     from sglang_prefill_ext.config import PrefillExtConfig
 
-    flags = forced.server_flags("antidiagonal:0.8@x16,q,L7-13")
+    flags = forced.server_flags("antidiagonal:0.8@x16,q")
     assert flags[:2] == ["--enable-prefill-ext", "--prefill-ext-sparse"]
-    assert flags[2:] == ["--prefill-ext-sparse-mass", "0.8"]  # layer ranges are the study's alone
+    assert flags[2:] == ["--prefill-ext-sparse-mass", "0.8"]
+    for ranged in ("antidiagonal:0.8@x16,q,L7-13", "antidiagonal:0.8@x16,q,M7-20=0.97"):
+        with pytest.raises(ValueError, match="layer range"):
+            forced.server_flags(ranged)
     assert forced.server_flags("antidiagonal:0.9@x16,q") == flags[:2]  # the server's defaults
     pairs = dict(zip(flags[2::2], flags[3::2], strict=True))
     options = {k.removeprefix("--prefill-ext-").replace("-", "_"): v for k, v in pairs.items()}

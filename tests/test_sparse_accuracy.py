@@ -123,7 +123,17 @@ def test_numbered_options_set_their_settings(bench: ModuleType) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["oracle", "hybrid:0.1", "oracle:0.9@x", "pooled:0.1@layer", "nope:1", "antidiagonal:0.9@s"]
+    "bad",
+    [
+        "oracle",
+        "hybrid:0.1",
+        "oracle:0.9@x",
+        "pooled:0.1@layer",
+        "nope:1",
+        "antidiagonal:0.9@s",
+        "oracle:0.9@M1-2",
+        "oracle:0.9@M1=1",
+    ],
 )
 def test_malformed_configs_are_refused(bench: ModuleType, bad: str) -> None:
     import argparse
@@ -165,3 +175,25 @@ def test_the_guard_is_reported_and_a_declined_forward_is_dense(
         assert list(summary["guard_per_layer"]) == [1, 2, 3]
         assert summary["guard_min"] == pytest.approx(1.0, abs=1e-5)
     assert bench.guard_summary([{}]) == {}  # off: nothing reported
+
+
+def test_a_layer_range_selects_at_its_own_mass(bench: ModuleType, model) -> None:
+    """`MA-B=X`: the named layers select at mass X, the others at the config's mass. At X = 1 over every
+    sparse layer the forward is dense; over layers 2-3 only those keep every block, layer 1 keeps fewer."""
+    tokens = torch.randint(0, 128, (1, LENGTH))
+    dense = _logits(model, tokens, "test_exact", bench.exact_attention)
+
+    def run(spec: str):
+        config = bench.parse_config(spec)
+        assert config.mass_by_layer is not None
+        settings = dataclasses.replace(config.settings(BLOCK, 2, 0), dense_layers=1, max_density=1.0)
+        attention = bench.SparseAttention(
+            bench.EmulatedPrefill(settings, bench.Oracle()), True, mass_by_layer=config.mass_by_layer
+        )
+        return _logits(model, tokens, f"test_{spec}", attention), attention.densities[-1]
+
+    every, _ = run("oracle:0.3@M1-3=1")
+    torch.testing.assert_close(every, dense, atol=1e-5, rtol=1e-5)
+    _, densities = run("oracle:0.3@M2-3=1")
+    assert all(d == 1.0 for layer in (2, 3) for d in densities[layer])
+    assert max(densities[1]) < 1.0

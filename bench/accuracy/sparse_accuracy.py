@@ -27,7 +27,8 @@ SCORER:VALUE: sampled:MASS, pooled:THRESHOLD, hybrid:THRESHOLD,MASS, antidiagona
 oracle:MASS, which keeps, per head and query block, the fewest blocks holding MASS of the layer's exact
 attention (plus sinks, local window, last rows): what a perfect scorer would keep, a bound on any selection at
 that density. OPT (comma-separated): `q` one selection per query head instead of per KV head; `LA-B` only layers A..B go sparse, the others
-dense (where the loss is: swap sparse in one range at a time); `bN` N-token
+dense (where the loss is: swap sparse in one range at a time); `MA-B=X` layers A..B select at mass X (a per-layer
+budget); `bN` N-token
 blocks instead of --block-size; `sN` N sampled rows per block instead of --samples; `xN` antidiagonal stride
 N; `dX` the mass lowered by X per doubling of the prompt beyond `SparseSettings.mass_len` instead of the
 server's `mass_decay` (d0: MASS at every length); `layer` (oracle) MASS of the whole layer's attention per head instead of per query block (rows that attend
@@ -124,10 +125,20 @@ class SparseAttention:
     selection, per-layer reuse, decline) over one prompt; where it returns None the layer runs dense
     (exact chunked attention with `emulate`, an `EmulatedPrefill`, else SDPA)."""
 
-    def __init__(self, sparse: SparsePrefill, emulate: bool, sparse_layers: range | None = None) -> None:
+    def __init__(
+        self,
+        sparse: SparsePrefill,
+        emulate: bool,
+        sparse_layers: range | None = None,
+        mass_by_layer: tuple[range, float] | None = None,
+    ) -> None:
         self.sparse = sparse
         self.emulate = emulate
         self.sparse_layers = sparse_layers  # None: every layer the policy takes; else only these go sparse
+        base = sparse.settings
+        layers, mass = mass_by_layer or (range(0), base.mass)
+        self._settings = (base, dataclasses.replace(base, mass=mass))  # [the layer is in `layers`]
+        self._mass_layers = layers
         self.densities: list[dict[int, list[float]]] = []  # per forward: selecting layer -> per mask head
         self.guards: list[dict[int, float]] = []  # per forward: checked sparse layer -> guard statistic
 
@@ -147,6 +158,7 @@ class SparseAttention:
             self.sparse.begin(layout, torch.arange(length, device=q.device))
             self.densities.append({})
             self.guards.append({})
+        self.sparse.settings = self._settings[layer in self._mass_layers]
         skipped = self.sparse_layers is not None and layer not in self.sparse_layers
         selects = not skipped and self.sparse.takes(layer) and self.sparse.selects()
         out = None if skipped else self.sparse.attend(q, k, v, scaling, layer=layer)
@@ -242,7 +254,7 @@ SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "antidiagonal": "mass",
 
 
 NUMBERED_OPTS = {"b": "block_size", "s": "samples", "x": "stride"}
-OPTS = "q, c, bN, sN, xN, dX, LA-B, layer for oracle"
+OPTS = "q, bN, sN, xN, dX, LA-B, MA-B=X, layer for oracle"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +271,7 @@ class Config:
     stride: int | None = None
     mass_decay: float | None = None
     sparse_layers: range | None = None
+    mass_by_layer: tuple[range, float] | None = None  # these layers select at this mass instead
 
     def settings(self, block_size: int, samples: int, local_blocks: int) -> SparseSettings:
         return SparseSettings(
@@ -280,6 +293,16 @@ def default_config() -> str:
     return f"{s.scorer}:{value}@x{s.stride}" + (",q" if s.per_query_head else "")
 
 
+def _layer_range(text: str) -> range | None:
+    """`A-B` as the layers A..B (None if it is not that)."""
+    first, _, last = text.partition("-")
+    return range(int(first), int(last) + 1) if first.isdigit() and last.isdigit() else None
+
+
+def _number(text: str) -> bool:
+    return text.replace(".", "", 1).isdigit()
+
+
 def parse_config(text: str) -> Config:
     spec, _, opts = text.partition("@")
     scorer, _, value = spec.partition(":")
@@ -290,14 +313,15 @@ def parse_config(text: str) -> Config:
     for opt in filter(None, opts.split(",")):
         if opt == "q":
             fields["per_query_head"] = True
-        elif opt[:1] == "L" and opt[1:].partition("-")[0].isdigit() and opt[1:].partition("-")[2].isdigit():
-            first, _, last = opt[1:].partition("-")
-            fields["sparse_layers"] = range(int(first), int(last) + 1)
+        elif opt[:1] == "L" and _layer_range(opt[1:]):
+            fields["sparse_layers"] = _layer_range(opt[1:])
+        elif opt[:1] == "M" and _layer_range(opt[1:].partition("=")[0]) and _number(opt.partition("=")[2]):
+            fields["mass_by_layer"] = (_layer_range(opt[1:].partition("=")[0]), float(opt.partition("=")[2]))
         elif opt == "layer" and scorer == "oracle":
             fields["layer_mass"] = True
         elif opt[:1] in NUMBERED_OPTS and opt[1:].isdigit():
             fields[NUMBERED_OPTS[opt[:1]]] = int(opt[1:])
-        elif opt[:1] == "d" and opt[1:].replace(".", "", 1).isdigit():
+        elif opt[:1] == "d" and _number(opt[1:]):
             fields["mass_decay"] = float(opt[1:])
         else:
             raise argparse.ArgumentTypeError(f"{text!r}: unknown option {opt!r} ({OPTS})")
@@ -417,7 +441,7 @@ def load(a: argparse.Namespace, parser: argparse.ArgumentParser) -> Loaded:
         )
         oracle = Oracle(per_layer=config.layer_mass) if config.scorer == "oracle" else None
         sparse = EmulatedPrefill(settings, oracle) if emulate else SparsePrefill.create(settings, workspace)
-        attentions[config.text] = SparseAttention(sparse, emulate, config.sparse_layers)
+        attentions[config.text] = SparseAttention(sparse, emulate, config.sparse_layers, config.mass_by_layer)
     return Loaded(tokenizer, model, dense_attention, attentions, emulate)
 
 

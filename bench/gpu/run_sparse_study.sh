@@ -7,7 +7,8 @@
 #               with --prefill-ext-sparse-guard GUARD [0.5]), and while they load the ops' GPU tests
 #               (-m gpu tests/ops) -> $OUT/pytest_gpu.log; waits for the servers' health
 #   STEP=dev    bench.accuracy.ruler_forced on the dev split at DEV_LENGTHS [130000], DEV_PROMPTS [8] cases, the
-#               configs DEV_CONFIGS (candidates: CANDIDATES; attribution: one layer range sparse at a time),
+#               configs DEV_CONFIGS (candidates: CANDIDATES; a per-layer budget, MA-B=X, the bench alone serves;
+#               attribution: one layer range sparse at a time),
 #               under DEV_TIMEOUT [500 s] (the rows are written after every case), then the dev rule
 #               (`ruler_forced choose`) over CANDIDATES -> $STUDY/chosen (config), $STUDY/chosen-flags, and the
 #               server that runs it, $STUDY/chosen-server; tables and JSONL in $OUT/dev.tar.gz
@@ -28,7 +29,7 @@ STUDY=${STUDY:-/tmp/sparse-study}
 MODEL=${MODEL:-/tmp/qwen-coder-hf-yarn4}
 DEFAULT_CONFIG=${DEFAULT_CONFIG:-antidiagonal:0.9@x16,q}
 CANDIDATES=${CANDIDATES:-antidiagonal:0.8@x16,q $DEFAULT_CONFIG antidiagonal:0.95@x16,q}
-DEV_CONFIGS=${DEV_CONFIGS:-$CANDIDATES $DEFAULT_CONFIG,L0-6 $DEFAULT_CONFIG,L7-13 $DEFAULT_CONFIG,L14-20 $DEFAULT_CONFIG,L21-27}
+DEV_CONFIGS=${DEV_CONFIGS:-$CANDIDATES $DEFAULT_CONFIG,M7-20=0.97 $DEFAULT_CONFIG,L0-6 $DEFAULT_CONFIG,L7-13 $DEFAULT_CONFIG,L14-20 $DEFAULT_CONFIG,L21-27}
 mkdir -p "$OUT" "$STUDY"
 log() { echo "[study $(date +%H:%M:%S)] $*"; }
 # shellcheck source=bench/gpu/stack.sh
