@@ -1,23 +1,18 @@
-"""Without CUDA, run the ops' Triton kernels under Triton's CPU interpreter (set before they load)."""
+"""The ops tests' fixtures (tests/conftest.py sets Triton's CPU interpreter without CUDA)."""
 
 from __future__ import annotations
 
 import importlib.metadata
-import os
 from collections.abc import Iterator
 
 import pytest
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
 def flashinfer_version(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The flashinfer-python version `importlib.metadata` reports (item 0 of the list; default: the
     one the direct planner is written for), whatever the venv holds."""
-    from sglang_prefill_ext.ops import attention  # after TRITON_INTERPRET is set
+    from sglang_prefill_ext.ops import attention
 
     found = [attention.DIRECT_PLAN_FLASHINFER]
     real = importlib.metadata.version
