@@ -31,8 +31,12 @@ def sglang_rope(rope: Rope) -> types.SimpleNamespace:
     from sglang.srt.layers.rotary_embedding import base
     from sglang.srt.layers.rotary_embedding.yarn import YaRNScalingRotaryEmbedding, yarn_get_mscale_simple
 
-    fields = types.SimpleNamespace(
-        base=rope.base, rotary_dim=rope.head_dim, max_position_embeddings=POSITIONS
+    fields = types.SimpleNamespace(  # _force_native, position_start: read by 0.5.23 (its defaults)
+        base=rope.base,
+        rotary_dim=rope.head_dim,
+        max_position_embeddings=POSITIONS,
+        _force_native=False,
+        position_start=0,
     )
     if rope.yarn is None:
         exec_config = types.SimpleNamespace(deterministic=types.SimpleNamespace(rl_on_policy_target=None))

@@ -183,7 +183,11 @@ class ChunkAccountingMachine(RuleBasedStateMachine):
         StepCounter.count("chunks")
 
     def _free_slots(self) -> torch.Tensor:
-        pages = torch.cat([self.allocator.free_pages, self.allocator.release_pages])
+        lists = (
+            self.allocator.free_pages,
+            self.allocator.release_pages,
+        )  # 0.5.23: release_pages None at first
+        pages = torch.cat([p for p in lists if p is not None])
         if self.page_size == 1:
             return pages
         return (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)

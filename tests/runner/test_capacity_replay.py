@@ -12,6 +12,7 @@ import pytest
 from bench.lib.goodput import Targets
 from bench.lib.variants import VARIANTS
 from sglang_prefill_ext.runner.pass_cost import PassCost
+from tests.runner.conftest import ported
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,7 @@ def test_rag_stream_hits_find_their_document_cached(cr: ModuleType) -> None:
     assert sum(result.cached[rid] == 2048 for rid in hits) >= len(hits) - 2
 
 
+@ported("tbt_target_ms")
 def test_goodput_scheduling_is_predicted_above_stock_default_on_mixed(cr: ModuleType) -> None:
     a = cr.build_parser().parse_args(
         ["--out-dir", "unused", "--per-point", "40", "--seeds", "1", "--factors", "1", "0.5", "0.25", "0.1"]
