@@ -1,6 +1,6 @@
 """bench.accuracy.blend_accuracy on a tiny random Llama (no download) over byte-tokenized rag_qa items:
-recomputing every chunk token scores exactly as full prefill, the scores are the model's own, and the
-summary's counts, McNemar p and perplexity follow from the rows."""
+recomputing every chunk token scores exactly as full prefill, the scores and argmax are the model's own,
+and the summary's counts, McNemar p and perplexity follow from the rows."""
 
 from __future__ import annotations
 
@@ -52,6 +52,8 @@ def test_every_chunk_token_recomputed_scores_as_full(decoder: Decoder, item: rag
     assert results["full"]["logprob"] == pytest.approx(
         float(logp[rows, torch.tensor(answer)].sum()), abs=1e-3
     )
+    assert results["full"]["argmax"] == logp[rows].argmax(-1).tolist()
+    assert results["full"]["right"] == (results["full"]["argmax"] == answer)
 
 
 def test_summarize_counts_against_full() -> None:

@@ -13,8 +13,10 @@ CacheBlend's largest KV deviation at --check-layer). `fixed:0` reuses every chun
 `fixed:1` recomputes all of them, so it must score exactly as full.
 
 An item is right when the argmax at every answer position is the answer's token (greedy decoding would
-write the answer first); its log-probability is the sum over the answer's tokens. Per config and
-family: items right, lost and gained against full, McNemar's exact p, the share of full's right
+write the answer first); its log-probability is the sum over the answer's tokens. Those are the value
+and the space before it: the question's answer line ends as the fact does before the value
+(`rag_qa.LEAD`), so no rival formatting token (the fact's ':') is scored. Each row keeps the answer's
+text and the argmax's (`answer`, `predicted`). Per config and family: items right, lost and gained against full, McNemar's exact p, the share of full's right
 answers kept net of gained, the answer tokens' perplexity and its change against full, and the
 share of chunk tokens recomputed. A cell passes (issue 40's targets) when it keeps >= KEEP of full's
 answers with p >= ALPHA and its perplexity is within PPL_RISE of full's. Rows in OUT/<config>.jsonl,
@@ -74,14 +76,18 @@ def parse_config(text: str) -> Config:
     return config
 
 
-def scored(decoder: Decoder, result: Prefill, prompt_len: int, answer: list[int]) -> tuple[bool, float]:
-    """Whether the argmax is the answer at every answer position, and the answer's log-probability."""
+def scored(
+    decoder: Decoder, result: Prefill, prompt_len: int, answer: list[int]
+) -> tuple[bool, float, list[int]]:
+    """Whether the argmax is the answer at every answer position, the answer's log-probability, and the
+    argmax tokens (which answer token a wrong item missed, and with what)."""
     last = len(answer) + 1  # the prompt's last token and the answer's: all outside every chunk, so computed
     if result.rows[-last:].tolist() != list(range(prompt_len - 1, prompt_len + len(answer))):
         raise ValueError("blend_accuracy: the question and answer rows were not all computed")
     logp = decoder.logits(result.hidden[-last:-1]).float().log_softmax(-1)
     target = torch.tensor(answer, device=logp.device)
-    return bool((logp.argmax(-1) == target).all()), float(logp.gather(-1, target[:, None]).sum())
+    argmax = logp.argmax(-1)
+    return bool((argmax == target).all()), float(logp.gather(-1, target[:, None]).sum()), argmax.tolist()
 
 
 def _timed(device: torch.device, run: Any) -> tuple[Any, float]:
@@ -97,11 +103,12 @@ def _timed(device: torch.device, run: Any) -> tuple[Any, float]:
 def run_item(
     decoder: Decoder, item: rag_qa.Item, answer: list[int], configs: list[Config], check_layer: int
 ) -> dict[str, dict[str, Any]]:
-    """Per config ("full" first): right, log-probability, chunk tokens recomputed, forward seconds."""
+    """Per config ("full" first): right, log-probability, argmax tokens, chunk tokens recomputed, forward
+    seconds."""
     ids = item.ids + answer
     full, seconds = _timed(decoder.device, lambda: full_prefill(decoder, ids))
-    right, logprob = scored(decoder, full, len(item.ids), answer)
-    out = {"full": dict(right=right, logprob=logprob, recomputed=1.0, forward_s=seconds)}
+    right, logprob, argmax = scored(decoder, full, len(item.ids), answer)
+    out = {"full": dict(right=right, logprob=logprob, argmax=argmax, recomputed=1.0, forward_s=seconds)}
     system = item.ids[: item.header_len]
     chunks = [cached_chunk(decoder, system, item.ids[s:e]) for s, e in item.spans]
     in_chunks = chunk_mask(item.spans, len(ids), decoder.device)
@@ -113,9 +120,11 @@ def run_item(
                 decoder, ids, item.spans, r, c.ratio, c.rule, check_layer
             ),
         )
-        right, logprob = scored(decoder, result, len(item.ids), answer)
+        right, logprob, argmax = scored(decoder, result, len(item.ids), answer)
         recomputed = float((result.computed & in_chunks).sum() / in_chunks.sum())
-        out[config.text] = dict(right=right, logprob=logprob, recomputed=recomputed, forward_s=seconds)
+        out[config.text] = dict(
+            right=right, logprob=logprob, argmax=argmax, recomputed=recomputed, forward_s=seconds
+        )
     return out
 
 
@@ -210,7 +219,15 @@ def main() -> None:
             results = run_item(decoder, item, answer, a.configs, a.check_layer)
         for name, result in results.items():
             rows[name].append(
-                dict(fields, label=name, prompt_tokens=len(item.ids), answer_tokens=len(answer), **result)
+                dict(
+                    fields,
+                    label=name,
+                    prompt_tokens=len(item.ids),
+                    answer_tokens=len(answer),
+                    answer=tokenizer.decode(answer),
+                    predicted=tokenizer.decode(result["argmax"]),
+                    **result,
+                )
             )
         print(
             f"item {n + 1}/{len(items)} ({fields['family']}, {len(item.ids)} tokens): "
