@@ -10,7 +10,8 @@ blended prefill (`sglang_prefill_ext.blend.prefill`, the same layers and attenti
 cached as the store caches a chunk seen for the first time (after the header alone), moved to its span,
 and `RULE:RATIO` of the chunk tokens recomputed (`fixed`: each chunk's first tokens; `deviation`:
 CacheBlend's largest KV deviation at --check-layer). `fixed:0` reuses every chunk token as cached;
-`fixed:1` recomputes all of them, so it must score exactly as full.
+`fixed:1` recomputes all of them, so it must score exactly as full. `deviation:RATIO@LAYER` checks at
+LAYER instead of --check-layer (the cross-chunk tokens a task needs may deviate only past layer 1).
 
 An item is right when the argmax at every answer position is the answer's token (greedy decoding would
 write the answer first); its log-probability is the sum over the answer's tokens. Those are the value
@@ -61,17 +62,25 @@ class Config:
     text: str
     rule: Rule
     ratio: float
+    check_layer: int | None = None  # the deviation rule's layer; None: --check-layer
 
 
 def parse_config(text: str) -> Config:
-    rule, _, ratio = text.partition(":")
+    """RULE:RATIO, or deviation:RATIO@LAYER for a check layer other than --check-layer's."""
+    head, at, layer = text.partition("@")
+    rule, _, ratio = head.partition(":")
     try:
-        config = Config(text, Rule(rule), float(ratio))
+        config = Config(text, Rule(rule), float(ratio), int(layer) if at else None)
     except ValueError:
         config = None
-    if config is None or not 0 <= config.ratio <= 1:
+    if (
+        config is None
+        or not 0 <= config.ratio <= 1
+        or (at and (config.rule is not Rule.DEVIATION or config.check_layer < 0))
+    ):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: a config is RULE:RATIO, RULE one of {[r.value for r in Rule]}, RATIO in [0, 1]"
+            f"{text!r}: a config is RULE:RATIO, RULE one of {[r.value for r in Rule]}, RATIO in [0, 1], "
+            "or deviation:RATIO@LAYER"
         )
     return config
 
@@ -117,7 +126,13 @@ def run_item(
         result, seconds = _timed(
             decoder.device,
             lambda c=config, r=reused: blended_prefill(
-                decoder, ids, item.spans, r, c.ratio, c.rule, check_layer
+                decoder,
+                ids,
+                item.spans,
+                r,
+                c.ratio,
+                c.rule,
+                check_layer if c.check_layer is None else c.check_layer,
             ),
         )
         right, logprob, argmax = scored(decoder, result, len(item.ids), answer)
