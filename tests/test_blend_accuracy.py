@@ -1,6 +1,6 @@
 """bench.accuracy.blend_accuracy on a tiny random Llama (no download) over byte-tokenized rag_qa items:
-recomputing every chunk token scores exactly as full prefill, the scores are the model's own, and the
-summary's counts, McNemar p and perplexity follow from the rows."""
+recomputing every chunk token scores exactly as full prefill, the scores and argmax are the model's own,
+and the summary's counts, McNemar p and perplexity follow from the rows."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from bench.accuracy import blend_accuracy as ba
 from bench.accuracy import rag_qa
 from bench.accuracy.ruler_forced import answer_ids
-from sglang_prefill_ext.blend.prefill import Decoder
+from sglang_prefill_ext.blend.prefill import Decoder, Rule
 from tests.blend.models import tiny
 
 
@@ -52,6 +52,8 @@ def test_every_chunk_token_recomputed_scores_as_full(decoder: Decoder, item: rag
     assert results["full"]["logprob"] == pytest.approx(
         float(logp[rows, torch.tensor(answer)].sum()), abs=1e-3
     )
+    assert results["full"]["argmax"] == logp[rows].argmax(-1).tolist()
+    assert results["full"]["right"] == (results["full"]["argmax"] == answer)
 
 
 def test_summarize_counts_against_full() -> None:
@@ -75,7 +77,21 @@ def test_summarize_counts_against_full() -> None:
     assert "| fixed:0.15 | single | 10 | 8 | 6 | 3 | 1 | 0.625 | 0.750 |" in ba.report(summary)
 
 
-@pytest.mark.parametrize("text", ["fixed", "deviation:x", "random:0.1", "fixed:1.5"])
+@torch.no_grad()
+def test_a_deviation_config_may_name_its_check_layer(decoder: Decoder, item: rag_qa.Item) -> None:
+    assert ba.parse_config("deviation:0.15@3") == ba.Config("deviation:0.15@3", Rule.DEVIATION, 0.15, 3)
+    assert ba.parse_config("fixed:0.15").check_layer is None
+    _, answer = answer_ids(encode, item.question)
+    configs = [ba.parse_config(c) for c in ("deviation:0.3@0", "deviation:0.3@2", "deviation:0.3")]
+    results = ba.run_item(decoder, item, answer, configs, check_layer=2)
+    assert results["deviation:0.3@2"]["logprob"] == results["deviation:0.3"]["logprob"]
+    assert results["deviation:0.3@0"]["logprob"] != results["deviation:0.3"]["logprob"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["fixed", "deviation:x", "random:0.1", "fixed:1.5", "fixed:0.1@2", "deviation:0.1@x", "deviation:0.1@-1"],
+)
 def test_a_malformed_config_is_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="RULE:RATIO"):
         ba.parse_config(text)

@@ -10,11 +10,14 @@ blended prefill (`sglang_prefill_ext.blend.prefill`, the same layers and attenti
 cached as the store caches a chunk seen for the first time (after the header alone), moved to its span,
 and `RULE:RATIO` of the chunk tokens recomputed (`fixed`: each chunk's first tokens; `deviation`:
 CacheBlend's largest KV deviation at --check-layer). `fixed:0` reuses every chunk token as cached;
-`fixed:1` recomputes all of them, so it must score exactly as full.
+`fixed:1` recomputes all of them, so it must score exactly as full. `deviation:RATIO@LAYER` checks at
+LAYER instead of --check-layer (the cross-chunk tokens a task needs may deviate only past layer 1).
 
 An item is right when the argmax at every answer position is the answer's token (greedy decoding would
-write the answer first); its log-probability is the sum over the answer's tokens. Per config and
-family: items right, lost and gained against full, McNemar's exact p, the share of full's right
+write the answer first); its log-probability is the sum over the answer's tokens. Those are the value
+and the space before it: the question's answer line ends as the fact does before the value
+(`rag_qa.LEAD`), so no rival formatting token (the fact's ':') is scored. Each row keeps the answer's
+text and the argmax's (`answer`, `predicted`). Per config and family: items right, lost and gained against full, McNemar's exact p, the share of full's right
 answers kept net of gained, the answer tokens' perplexity and its change against full, and the
 share of chunk tokens recomputed. A cell passes (issue 40's targets) when it keeps >= KEEP of full's
 answers with p >= ALPHA and its perplexity is within PPL_RISE of full's. Rows in OUT/<config>.jsonl,
@@ -59,29 +62,41 @@ class Config:
     text: str
     rule: Rule
     ratio: float
+    check_layer: int | None = None  # the deviation rule's layer; None: --check-layer
 
 
 def parse_config(text: str) -> Config:
-    rule, _, ratio = text.partition(":")
+    """RULE:RATIO, or deviation:RATIO@LAYER for a check layer other than --check-layer's."""
+    head, at, layer = text.partition("@")
+    rule, _, ratio = head.partition(":")
     try:
-        config = Config(text, Rule(rule), float(ratio))
+        config = Config(text, Rule(rule), float(ratio), int(layer) if at else None)
     except ValueError:
         config = None
-    if config is None or not 0 <= config.ratio <= 1:
+    if (
+        config is None
+        or not 0 <= config.ratio <= 1
+        or (at and (config.rule is not Rule.DEVIATION or config.check_layer < 0))
+    ):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: a config is RULE:RATIO, RULE one of {[r.value for r in Rule]}, RATIO in [0, 1]"
+            f"{text!r}: a config is RULE:RATIO, RULE one of {[r.value for r in Rule]}, RATIO in [0, 1], "
+            "or deviation:RATIO@LAYER"
         )
     return config
 
 
-def scored(decoder: Decoder, result: Prefill, prompt_len: int, answer: list[int]) -> tuple[bool, float]:
-    """Whether the argmax is the answer at every answer position, and the answer's log-probability."""
+def scored(
+    decoder: Decoder, result: Prefill, prompt_len: int, answer: list[int]
+) -> tuple[bool, float, list[int]]:
+    """Whether the argmax is the answer at every answer position, the answer's log-probability, and the
+    argmax tokens (which answer token a wrong item missed, and with what)."""
     last = len(answer) + 1  # the prompt's last token and the answer's: all outside every chunk, so computed
     if result.rows[-last:].tolist() != list(range(prompt_len - 1, prompt_len + len(answer))):
         raise ValueError("blend_accuracy: the question and answer rows were not all computed")
     logp = decoder.logits(result.hidden[-last:-1]).float().log_softmax(-1)
     target = torch.tensor(answer, device=logp.device)
-    return bool((logp.argmax(-1) == target).all()), float(logp.gather(-1, target[:, None]).sum())
+    argmax = logp.argmax(-1)
+    return bool((argmax == target).all()), float(logp.gather(-1, target[:, None]).sum()), argmax.tolist()
 
 
 def _timed(device: torch.device, run: Any) -> tuple[Any, float]:
@@ -97,11 +112,12 @@ def _timed(device: torch.device, run: Any) -> tuple[Any, float]:
 def run_item(
     decoder: Decoder, item: rag_qa.Item, answer: list[int], configs: list[Config], check_layer: int
 ) -> dict[str, dict[str, Any]]:
-    """Per config ("full" first): right, log-probability, chunk tokens recomputed, forward seconds."""
+    """Per config ("full" first): right, log-probability, argmax tokens, chunk tokens recomputed, forward
+    seconds."""
     ids = item.ids + answer
     full, seconds = _timed(decoder.device, lambda: full_prefill(decoder, ids))
-    right, logprob = scored(decoder, full, len(item.ids), answer)
-    out = {"full": dict(right=right, logprob=logprob, recomputed=1.0, forward_s=seconds)}
+    right, logprob, argmax = scored(decoder, full, len(item.ids), answer)
+    out = {"full": dict(right=right, logprob=logprob, argmax=argmax, recomputed=1.0, forward_s=seconds)}
     system = item.ids[: item.header_len]
     chunks = [cached_chunk(decoder, system, item.ids[s:e]) for s, e in item.spans]
     in_chunks = chunk_mask(item.spans, len(ids), decoder.device)
@@ -110,12 +126,20 @@ def run_item(
         result, seconds = _timed(
             decoder.device,
             lambda c=config, r=reused: blended_prefill(
-                decoder, ids, item.spans, r, c.ratio, c.rule, check_layer
+                decoder,
+                ids,
+                item.spans,
+                r,
+                c.ratio,
+                c.rule,
+                check_layer if c.check_layer is None else c.check_layer,
             ),
         )
-        right, logprob = scored(decoder, result, len(item.ids), answer)
+        right, logprob, argmax = scored(decoder, result, len(item.ids), answer)
         recomputed = float((result.computed & in_chunks).sum() / in_chunks.sum())
-        out[config.text] = dict(right=right, logprob=logprob, recomputed=recomputed, forward_s=seconds)
+        out[config.text] = dict(
+            right=right, logprob=logprob, argmax=argmax, recomputed=recomputed, forward_s=seconds
+        )
     return out
 
 
@@ -210,7 +234,15 @@ def main() -> None:
             results = run_item(decoder, item, answer, a.configs, a.check_layer)
         for name, result in results.items():
             rows[name].append(
-                dict(fields, label=name, prompt_tokens=len(item.ids), answer_tokens=len(answer), **result)
+                dict(
+                    fields,
+                    label=name,
+                    prompt_tokens=len(item.ids),
+                    answer_tokens=len(answer),
+                    answer=tokenizer.decode(answer),
+                    predicted=tokenizer.decode(result["argmax"]),
+                    **result,
+                )
             )
         print(
             f"item {n + 1}/{len(items)} ({fields['family']}, {len(item.ids)} tokens): "

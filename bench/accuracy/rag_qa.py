@@ -26,6 +26,7 @@ from bench.accuracy import corpora, tasks
 
 FAMILIES = ("single", "multihop")
 HEADER = "Answer the question using the documents below.\n"
+LEAD = "is:"  # the words before a value, in its fact and at the end of the question's answer line
 FIRST_NAMES = tuple(
     [
         "Alma",
@@ -104,13 +105,13 @@ class _Fresh:
 
 def _single(fresh: _Fresh, chunks: int) -> Planted:
     keys = [(fresh.key(), fresh.number()) for _ in range(chunks)]
-    planted = [[f"The special magic number for {key} is: {value}."] for key, value in keys]
+    planted = [[f"The special magic number for {key} {LEAD} {value}."] for key, value in keys]
     where = fresh.rng.randrange(chunks)
     key, value = keys[where]
     question = tasks.Question(
         "single",
         f"What is the special magic number for {key} mentioned in the provided documents?\n"
-        f"Answer: The special magic number for {key} mentioned in the provided documents is",
+        f"Answer: The special magic number for {key} mentioned in the provided documents {LEAD}",
         (value,),
         12,
     )
@@ -124,7 +125,7 @@ def _multihop(fresh: _Fresh, chunks: int) -> Planted:
         key, name, value = fresh.key(), fresh.name(), fresh.number()
         courier, locker = fresh.rng.sample(range(chunks), 2)
         link = f"The courier for {key} is {name}."
-        answer = f"The locker number of {name} is: {value}."
+        answer = f"The locker number of {name} {LEAD} {value}."
         planted[courier].append(link)
         planted[locker].append(answer)
         chains.append((key, value, (courier, locker), (link, answer)))
@@ -132,7 +133,7 @@ def _multihop(fresh: _Fresh, chunks: int) -> Planted:
     question = tasks.Question(
         "multihop",
         f"What is the locker number of the courier for {key} mentioned in the provided documents?\n"
-        f"Answer: The locker number of the courier for {key} mentioned in the provided documents is",
+        f"Answer: The locker number of the courier for {key} mentioned in the provided documents {LEAD}",
         (value,),
         12,
     )

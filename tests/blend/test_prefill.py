@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sglang_prefill_ext.blend.prefill import (
+    KV,
     CachedChunk,
     Decoder,
     Rule,
@@ -149,3 +150,55 @@ def test_a_chunk_must_fit_its_span(decoder: Decoder, ids: list[int]) -> None:
     chunks = isolated_chunks(decoder, ids)
     with pytest.raises(ValueError, match=r"span \[55, 70\) holds 15 tokens, its chunk 20"):
         reused_kv(decoder, PROMPT_LEN, SPANS, chunks[:2] + [chunks[0]])
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("rule", list(Rule))
+def test_the_recomputed_rows_kv_replaces_the_reused_at_every_layer(
+    decoder: Decoder, ids: list[int], rule: Rule
+) -> None:
+    """Reused KV exact but for the rows the rule recomputes, which hold noise: the blend is the full prefill.
+    A recompute lost after any layer keeps noise there, and a deviation rule that keeps other rows (the
+    noise deviates most at its check layer) computes over it."""
+    full = full_prefill(decoder, ids)
+    ratio = 0.3
+    if rule is Rule.FIXED:
+        noisy = fixed_ratio(SPANS, PROMPT_LEN, ratio) & chunk_mask(SPANS, PROMPT_LEN)
+    else:
+        chunk_rows = chunk_mask(SPANS, PROMPT_LEN).nonzero()[:, 0]
+        picked = torch.randperm(len(chunk_rows), generator=torch.Generator().manual_seed(2))
+        noisy = torch.zeros(PROMPT_LEN, dtype=torch.bool)
+        noisy[chunk_rows[picked[: round(ratio * len(chunk_rows))]]] = True
+    reused = KV(full.kv.k.clone(), full.kv.v.clone())
+    noise = torch.Generator().manual_seed(3)
+    reused.k[:, noisy] = torch.randn(reused.k[:, noisy].shape, generator=noise)
+    reused.v[:, noisy] = torch.randn(reused.v[:, noisy].shape, generator=noise)
+    blend = blended_prefill(decoder, ids, SPANS, reused, ratio, rule)
+    assert torch.equal(blend.computed & chunk_mask(SPANS, PROMPT_LEN), noisy)
+    torch.testing.assert_close(blend.kv.k, full.kv.k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(blend.kv.v, full.kv.v, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(blend.hidden, full.hidden[blend.rows], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("rule", list(Rule))
+def test_the_blend_moves_toward_the_full_prefill_as_the_ratio_rises(
+    decoder: Decoder, ids: list[int], rule: Rule
+) -> None:
+    """Chunks cached apart (the cross-chunk attention missing): the question's hidden states err less
+    from the full prefill's the more chunk tokens are recomputed, and not at all when every one is."""
+    full = full_prefill(decoder, ids)
+    chunks = isolated_chunks(decoder, ids)
+    question = slice(SPANS[-1][1], PROMPT_LEN)
+
+    def error(ratio: float) -> float:
+        blend = blended_prefill(
+            decoder, ids, SPANS, reused_kv(decoder, PROMPT_LEN, SPANS, chunks), ratio, rule
+        )
+        rows = blend.rows.tolist()
+        at = [rows.index(p) for p in range(question.start, question.stop)]
+        return float((blend.hidden[at] - full.hidden[question]).norm() / full.hidden[question].norm())
+
+    errors = [error(r) for r in (0.0, 0.15, 0.5, 0.8, 1.0)]
+    assert errors[0] > 0.01 and errors[1] != errors[0]
+    assert errors[0] > errors[2] > errors[3] > errors[4] == 0.0
