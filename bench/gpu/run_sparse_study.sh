@@ -58,6 +58,8 @@ prep)
   ;;
 dev)
   [ -f "$MODEL/config.json" ] || { log "cold host: no $MODEL"; exit 3; }
+  # beside the idle servers a 130K forward needs ~50 GB: unfragmented (2026-12-04's first try ran out)
+  export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
   # shellcheck disable=SC2086  # lists
   timeout "${DEV_TIMEOUT:-500}" $PY -m bench.accuracy.ruler_forced run --model-dir "$MODEL" --out-dir "$STUDY/dev" \
     --split dev --lengths ${DEV_LENGTHS:-130000} --prompts "${DEV_PROMPTS:-8}" --configs $DEV_CONFIGS 2>&1 \
