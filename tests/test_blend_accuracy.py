@@ -15,7 +15,7 @@ from bench.accuracy import blend_accuracy as ba
 from bench.accuracy import rag_qa
 from bench.accuracy.ruler_forced import answer_ids
 from sglang_prefill_ext.blend.prefill import Decoder, Rule
-from tests.blend.models import tiny
+from tests.tiny_models import tiny
 
 
 def encode(text: str) -> list[int]:

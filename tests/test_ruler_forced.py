@@ -10,6 +10,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from tests.tiny_models import tiny
+
 LENGTH, BLOCK = 256, 32
 
 
@@ -20,16 +22,10 @@ def forced() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128, hidden_size=96, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=2 * LENGTH,
+    return tiny(
+        vocab_size=128, hidden_size=96, num_hidden_layers=3, num_attention_heads=6,
+        max_position_embeddings=2 * LENGTH, initializer_range=0.02,
     )  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
-    model.set_attn_implementation("sdpa")
-    return model
 
 
 def full_logprob(model, ids: list[int], answer: list[int]) -> float:

@@ -10,6 +10,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from tests.tiny_models import tiny
+
 LENGTH, BLOCK = 300, 32
 
 
@@ -20,14 +22,10 @@ def bench() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128, hidden_size=96, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=LENGTH,
+    return tiny(
+        vocab_size=128, hidden_size=96, num_attention_heads=6, max_position_embeddings=LENGTH,
+        initializer_range=0.02,
     )  # fmt: skip
-    return LlamaForCausalLM(config).eval()
 
 
 def _logits(model, tokens: torch.Tensor, name: str, attention) -> torch.Tensor:

@@ -20,7 +20,7 @@ from sglang_prefill_ext.blend.prefill import (
 from sglang_prefill_ext.blend.select import chunk_mask, fixed_ratio, kv_deviation, largest_deviation
 from sglang_prefill_ext.ops.blend_attention import blend_attention_fp32
 from sglang_prefill_ext.ops.rerotate import rerotate
-from tests.blend.models import VOCAB, tiny
+from tests.tiny_models import VOCAB, tiny
 
 pytest.importorskip("transformers")
 

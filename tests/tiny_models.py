@@ -1,5 +1,5 @@
-"""Tiny random decoders of the two architectures blend.prefill runs: SmolLM2's (Llama) and Qwen2.5's
-(Qwen2: biased Q/K/V), with grouped KV heads, in float32 on the CPU."""
+"""Tiny random decoders for CPU tests (no download): SmolLM2's architecture (Llama) and Qwen2.5's (Qwen2:
+biased Q/K/V), with grouped KV heads, in float32."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ import torch
 VOCAB = 256
 
 
-def tiny(model_type: str, seed: int = 0) -> Any:
+def tiny(model_type: str = "llama", seed: int = 0, **config: Any) -> Any:
+    """A random `model_type` decoder, seeded; `config` overrides the fields below (blend's defaults: 4
+    layers, attention far from uniform, so blending visibly differs from prefill)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     config_cls, model_cls = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     }[model_type]
-    config = config_cls(
+    fields = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -26,8 +28,8 @@ def tiny(model_type: str, seed: int = 0) -> Any:
         num_key_value_heads=2,
         max_position_embeddings=1024,
         rope_theta=10000.0,
-        initializer_range=0.1,  # attention far from uniform, so blending visibly differs from prefill
+        initializer_range=0.1,
         attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
-    return model_cls(config).eval()
+    return model_cls(config_cls(**(fields | config))).eval()
