@@ -26,12 +26,12 @@ the mean over prompts of each forward's lowest, and the lowest; the JSON has it 
 SCORER:VALUE: sampled:MASS, pooled:THRESHOLD, hybrid:THRESHOLD,MASS, antidiagonal:MASS, and (with --emulate)
 oracle:MASS, which keeps, per head and query block, the fewest blocks holding MASS of the layer's exact
 attention (plus sinks, local window, last rows): what a perfect scorer would keep, a bound on any selection at
-that density. OPT (comma-separated): `q` one selection per query head instead of per KV head; `LA-B` only layers A..B go sparse, the others
-dense (where the loss is: swap sparse in one range at a time); `MA-B=X` layers A..B select at mass X (a per-layer
-budget); `bN` N-token
-blocks instead of --block-size; `sN` N sampled rows per block instead of --samples; `xN` antidiagonal stride
-N; `dX` the mass lowered by X per doubling of the prompt beyond `SparseSettings.mass_len` instead of the
-server's `mass_decay` (d0: MASS at every length); `layer` (oracle) MASS of the whole layer's attention per head instead of per query block (rows that attend
+that density. OPT (comma-separated): `q` one selection per query head instead of per KV head; `LA-B` only
+layers A..B go sparse, the others dense (where the loss is: swap sparse in one range at a time); `MA-B=X`
+layers A..B select at mass X (a per-layer budget); `bN` N-token blocks instead of --block-size; `sN` N sampled
+rows per block instead of --samples; `xN` antidiagonal stride N; `dX` the mass lowered by X per doubling of the
+prompt beyond `SparseSettings.mass_len` instead of the server's `mass_decay` (d0: MASS at every length);
+`layer` (oracle) MASS of the whole layer's attention per head instead of per query block (rows that attend
 narrowly give their budget to rows that spread).
 """
 
@@ -303,6 +303,13 @@ def _number(text: str) -> bool:
     return text.replace(".", "", 1).isdigit()
 
 
+def _mass_by_layer(text: str) -> tuple[range, float] | None:
+    """`A-B=X` as (layers A..B, mass X) (None if it is not that)."""
+    layers, _, mass = text.partition("=")
+    ranged = _layer_range(layers)
+    return (ranged, float(mass)) if ranged and _number(mass) else None
+
+
 def parse_config(text: str) -> Config:
     spec, _, opts = text.partition("@")
     scorer, _, value = spec.partition(":")
@@ -313,10 +320,10 @@ def parse_config(text: str) -> Config:
     for opt in filter(None, opts.split(",")):
         if opt == "q":
             fields["per_query_head"] = True
-        elif opt[:1] == "L" and _layer_range(opt[1:]):
-            fields["sparse_layers"] = _layer_range(opt[1:])
-        elif opt[:1] == "M" and _layer_range(opt[1:].partition("=")[0]) and _number(opt.partition("=")[2]):
-            fields["mass_by_layer"] = (_layer_range(opt[1:].partition("=")[0]), float(opt.partition("=")[2]))
+        elif opt[:1] == "L" and (layers := _layer_range(opt[1:])):
+            fields["sparse_layers"] = layers
+        elif opt[:1] == "M" and (budget := _mass_by_layer(opt[1:])):
+            fields["mass_by_layer"] = budget
         elif opt == "layer" and scorer == "oracle":
             fields["layer_mass"] = True
         elif opt[:1] in NUMBERED_OPTS and opt[1:].isdigit():
@@ -362,8 +369,8 @@ def policy_args(parser: argparse.ArgumentParser) -> None:
         "--configs", type=parse_config, nargs="+",
         default=[parse_config(default_config())],
         help="SCORER:VALUE[@OPT,...]: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
-        + "; OPT: q (per query head), LA-B (only layers A..B sparse), bN (block size), sN "
-        "(samples), xN (antidiagonal stride), dX (mass decay per doubling), layer (oracle: per-layer mass)",
+        + "; OPT: q (per query head), LA-B (only layers A..B sparse), MA-B=X (layers A..B at mass X), bN (block "
+        "size), sN (samples), xN (antidiagonal stride), dX (mass decay per doubling), layer (oracle: per-layer mass)",
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
     parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)
