@@ -39,7 +39,7 @@ import torch
 
 from bench.accuracy import corpora, rag_qa
 from bench.accuracy.ruler_forced import answer_ids, slug
-from bench.lib.stats import mcnemar_exact
+from bench.lib.stats import Paired
 from sglang_prefill_ext.blend.prefill import (
     Decoder,
     Prefill,
@@ -151,27 +151,23 @@ def summarize(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         out[name] = {}
         for family in sorted({r["family"] for r in full}):
             pairs = [(f, r) for f, r in zip(full, config_rows, strict=True) if f["family"] == family]
-            lost = sum(f["right"] and not r["right"] for f, r in pairs)
-            gained = sum(r["right"] and not f["right"] for f, r in pairs)
-            full_right = sum(f["right"] for f, _ in pairs)
+            c = Paired.of((f["right"], r["right"]) for f, r in pairs)
             tokens = sum(r["answer_tokens"] for _, r in pairs)
             ppl = math.exp(-sum(r["logprob"] for _, r in pairs) / tokens)
             full_ppl = math.exp(-sum(f["logprob"] for f, _ in pairs) / tokens)
-            keep = (full_right - lost + gained) / full_right if full_right else None
-            p = mcnemar_exact(lost, gained)
             out[name][family] = dict(
-                n=len(pairs),
-                full=full_right,
-                right=full_right - lost + gained,
-                lost=lost,
-                gained=gained,
-                p=p,
-                keep=keep,
+                n=c.n,
+                full=c.ref,
+                right=c.other,
+                lost=c.lost,
+                gained=c.gained,
+                p=c.p,
+                keep=c.keep,
                 ppl=ppl,
                 ppl_change=ppl / full_ppl - 1,
                 recomputed=statistics.mean(r["recomputed"] for _, r in pairs),
                 forward_s=statistics.median(r["forward_s"] for _, r in pairs),
-                passes=(keep is None or keep >= KEEP) and p >= ALPHA and ppl / full_ppl - 1 <= PPL_RISE,
+                passes=(c.keep is None or c.keep >= KEEP) and c.p >= ALPHA and ppl / full_ppl - 1 <= PPL_RISE,
             )
     return out
 

@@ -35,7 +35,7 @@ from typing import Any
 from bench.accuracy import corpora, tasks
 from bench.lib.client import Client, flush_cache
 from bench.lib.run_compare import run_and_compare
-from bench.lib.stats import mcnemar_exact
+from bench.lib.stats import Paired
 
 DENSE_FLOOR = 0.5  # a (family, length) cell counts when dense answers at least this share of it
 KEEP = 0.99  # a counting cell passes when the other run answers this share of dense's (net of gained)
@@ -161,19 +161,16 @@ def load(path: str) -> dict[tuple[int, int, str, int], dict[str, Any]]:
 
 def cell(ref: list[dict], other: list[dict]) -> dict[str, Any]:
     """One (family, length) cell: dense `ref` against `other`, paired by prompt."""
-    dense = sum(r["right"] for r in ref)
-    lost = sum(r["right"] and not o["right"] for r, o in zip(ref, other, strict=True))
-    gained = sum(o["right"] and not r["right"] for r, o in zip(ref, other, strict=True))
-    n = len(ref)
+    c = Paired.of((r["right"], o["right"]) for r, o in zip(ref, other, strict=True))
     return dict(
-        n=n,
-        dense=dense,
-        other=dense - lost + gained,
-        lost=lost,
-        gained=gained,
-        p=mcnemar_exact(lost, gained),
-        keep=(dense - lost + gained) / dense if dense else None,
-        counts=n > 0 and dense >= DENSE_FLOOR * n,
+        n=c.n,
+        dense=c.ref,
+        other=c.other,
+        lost=c.lost,
+        gained=c.gained,
+        p=c.p,
+        keep=c.keep,
+        counts=c.n > 0 and c.ref >= DENSE_FLOOR * c.n,
     )
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from bench.accuracy import corpora, ruler, sparse_accuracy, tasks
-from bench.lib.stats import mcnemar_exact
+from bench.lib.stats import Paired
 from sglang_prefill_ext.config import sparse_flags
 from sglang_prefill_ext.ops.settings import SparseSettings
 
@@ -100,15 +100,14 @@ def summarize(rows: dict[str, list[dict[str, Any]]], densities: dict[str, list[f
         for family in FAMILIES:
             pairs = [(d, r) for d, r in zip(dense, config_rows, strict=True) if d["family"] == family]
             deltas = [r["logprob"] - d["logprob"] for d, r in pairs]
-            lost = sum(d["right"] and not r["right"] for d, r in pairs)
-            gained = sum(r["right"] and not d["right"] for d, r in pairs)
+            c = Paired.of((d["right"], r["right"]) for d, r in pairs)
             per_family[family] = dict(
-                n=len(pairs),
-                dense=sum(d["right"] for d, _ in pairs),
-                right=sum(r["right"] for _, r in pairs),
-                lost=lost,
-                gained=gained,
-                p=mcnemar_exact(lost, gained),
+                n=c.n,
+                dense=c.ref,
+                right=c.other,
+                lost=c.lost,
+                gained=c.gained,
+                p=c.p,
                 dlogprob=statistics.mean(deltas) if deltas else 0.0,
                 dlogprob_sd=statistics.stdev(deltas) if len(deltas) > 1 else 0.0,
             )
