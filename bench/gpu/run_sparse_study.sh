@@ -9,8 +9,9 @@
 #   STEP=dev    bench.accuracy.ruler_forced on the dev split at DEV_LENGTHS [130000], DEV_PROMPTS [8] cases, the
 #               configs DEV_CONFIGS (candidates: CANDIDATES; a per-layer budget, MA-B=X, the bench alone
 #               serves; attribution: one layer range sparse at a time), under DEV_TIMEOUT [500 s] (the rows
-#               are written after every case), then the dev rule (`ruler_forced choose`) over CANDIDATES -> $STUDY/chosen (config), $STUDY/chosen-flags, and the
-#               server that runs it, $STUDY/chosen-server; tables and JSONL in $OUT/dev.tar.gz
+#               are written after every case), then the dev rule (`ruler_forced choose`) over CANDIDATES ->
+#               $STUDY/chosen (config), $STUDY/chosen-flags and the server that runs it, $STUDY/chosen-server;
+#               tables and JSONL in $OUT/dev.tar.gz
 #   STEP=held   the RULER-style suite through the servers HELD_ASK [stock and the chosen one], one at a time
 #               (ASK_TIMEOUT each), compared with HELD_EXTRA's earlier files (e.g. guard); held-out split at
 #               HELD_LENGTHS [130000], HELD_PROMPTS [40] cases from case HELD_FIRST [40] (seeds no earlier run
