@@ -138,9 +138,10 @@ def test_server_flags_give_the_configs_selection(forced: ModuleType) -> None:
     flags = forced.server_flags("antidiagonal:0.8@x16,q")
     assert flags[:2] == ["--enable-prefill-ext", "--prefill-ext-sparse"]
     assert flags[2:] == ["--prefill-ext-sparse-mass", "0.8"]
-    for ranged in ("antidiagonal:0.8@x16,q,L7-13", "antidiagonal:0.8@x16,q,M7-20=0.97"):
-        with pytest.raises(ValueError, match="layer range"):
-            forced.server_flags(ranged)
+    with pytest.raises(ValueError, match="layer range"):
+        forced.server_flags("antidiagonal:0.8@x16,q,L7-13")
+    budgets = forced.server_flags("antidiagonal:0.8@x16,q,M7-20=0.97,M0-3=0.7")
+    assert budgets[-2:] == ["--prefill-ext-sparse-layer-mass", "7-20=0.97,0-3=0.7"]
     assert forced.server_flags("antidiagonal:0.9@x16,q") == flags[:2]  # the server's defaults
     pairs = dict(zip(flags[2::2], flags[3::2], strict=True))
     options = {k.removeprefix("--prefill-ext-").replace("-", "_"): v for k, v in pairs.items()}

@@ -77,7 +77,7 @@ def test_every_block_kept_per_query_head_and_per_layer_gives_dense_logits(
     config = bench.parse_config(spec)
     tokens = torch.randint(0, 128, (1, LENGTH))
     dense = _logits(model, tokens, "test_exact", bench.exact_attention)
-    oracle = bench.Oracle(config.layer_mass) if config.scorer == "oracle" else None
+    oracle = bench.Oracle(config.whole_layer) if config.scorer == "oracle" else None
     settings = config.settings(BLOCK, 2, 4)
     attention = _emulated(bench, settings, oracle)
     torch.testing.assert_close(_logits(model, tokens, f"test_{spec}", attention), dense, atol=1e-5, rtol=1e-5)
@@ -92,7 +92,7 @@ def test_oracle_below_whole_mass_keeps_fewer_blocks(bench: ModuleType, model) ->
     for spec in ("oracle:0.5", "oracle:0.5@layer", "oracle:0.5@q"):
         config = bench.parse_config(spec)
         settings = config.settings(BLOCK, 2, 0)
-        attention = _emulated(bench, settings, bench.Oracle(config.layer_mass))
+        attention = _emulated(bench, settings, bench.Oracle(config.whole_layer))
         _logits(model, tokens, f"test_{spec}", attention)
         assert bench.density_summary(attention.densities)["density"] < 1.0
 
@@ -183,11 +183,9 @@ def test_a_layer_range_selects_at_its_own_mass(bench: ModuleType, model) -> None
 
     def run(spec: str):
         config = bench.parse_config(spec)
-        assert config.mass_by_layer is not None
         settings = dataclasses.replace(config.settings(BLOCK, 2, 0), dense_layers=1, max_density=1.0)
-        attention = bench.SparseAttention(
-            bench.EmulatedPrefill(settings, bench.Oracle()), True, mass_by_layer=config.mass_by_layer
-        )
+        assert settings.layer_mass == spec.partition("@M")[2]
+        attention = bench.SparseAttention(bench.EmulatedPrefill(settings, bench.Oracle()), True)
         return _logits(model, tokens, f"test_{spec}", attention), attention.densities[-1]
 
     every, _ = run("oracle:0.3@M1-3=1")

@@ -159,10 +159,12 @@ def choose(summary: dict[str, Any], among: list[str]) -> str:
 
 def server_flags(config_text: str) -> list[str]:
     """The server flags that run a --configs entry's selection (the server's other settings at their defaults);
-    a layer range (`LA-B`, `MA-B=X`) has no server flag."""
+    sparse layers only in a range (`LA-B`) have no server flag."""
     config = sparse_accuracy.parse_config(config_text)
-    if config.sparse_layers is not None or config.mass_by_layer is not None:
-        raise ValueError(f"{config_text!r}: a layer range is the bench's alone, no server flag runs it")
+    if config.sparse_layers is not None:
+        raise ValueError(
+            f"{config_text!r}: a sparse layer range is the bench's alone, no server flag runs it"
+        )
     settings = config.settings(SparseSettings.block_size, SparseSettings.samples, SparseSettings.local_blocks)
     return ["--enable-prefill-ext", "--prefill-ext-sparse", *sparse_flags(settings)]
 

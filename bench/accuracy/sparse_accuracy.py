@@ -54,6 +54,7 @@ from bench.lib.real_text import corpus_ids
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
 from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
 from sglang_prefill_ext.ops.selection import largest_holding, mass_fraction, select_by_mass, structural_blocks
+from sglang_prefill_ext.ops.settings import parse_layer_mass
 
 TAIL_FROM = 1024
 LOGIT_ROWS = 4096  # positions per lm_head chunk: 4096 x 152K vocab fp32 is 2.5 GB
@@ -99,10 +100,12 @@ class EmulatedPrefill(SparsePrefill):
         self.oracle = oracle
         self._sm_scale = 1.0
 
-    def select(self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    def select(
+        self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float, layer: int | None = None
+    ) -> torch.Tensor:
         if self.oracle is None:
-            return super().select(q, k_buffer, sm_scale)
-        settings = self.settings
+            return super().select(q, k_buffer, sm_scale, layer)
+        settings = self.settings.at_layer(layer)
         mass = exact_block_mass(
             q, k_buffer, sm_scale, settings.block_size, per_query_head=settings.per_query_head
         )
@@ -125,20 +128,10 @@ class SparseAttention:
     selection, per-layer reuse, decline) over one prompt; where it returns None the layer runs dense
     (exact chunked attention with `emulate`, an `EmulatedPrefill`, else SDPA)."""
 
-    def __init__(
-        self,
-        sparse: SparsePrefill,
-        emulate: bool,
-        sparse_layers: range | None = None,
-        mass_by_layer: tuple[range, float] | None = None,
-    ) -> None:
+    def __init__(self, sparse: SparsePrefill, emulate: bool, sparse_layers: range | None = None) -> None:
         self.sparse = sparse
         self.emulate = emulate
         self.sparse_layers = sparse_layers  # None: every layer the policy takes; else only these go sparse
-        base = sparse.settings
-        layers, mass = mass_by_layer or (range(0), base.mass)
-        self._settings = (base, dataclasses.replace(base, mass=mass))  # [the layer is in `layers`]
-        self._mass_layers = layers
         self.densities: list[dict[int, list[float]]] = []  # per forward: selecting layer -> per mask head
         self.guards: list[dict[int, float]] = []  # per forward: checked sparse layer -> guard statistic
 
@@ -158,7 +151,6 @@ class SparseAttention:
             self.sparse.begin(layout, torch.arange(length, device=q.device))
             self.densities.append({})
             self.guards.append({})
-        self.sparse.settings = self._settings[layer in self._mass_layers]
         skipped = self.sparse_layers is not None and layer not in self.sparse_layers
         selects = not skipped and self.sparse.takes(layer) and self.sparse.selects()
         out = None if skipped else self.sparse.attend(q, k, v, scaling, layer=layer)
@@ -266,12 +258,12 @@ class Config:
     value: str
     per_query_head: bool = False
     block_size: int | None = None
-    layer_mass: bool = False
+    whole_layer: bool = False  # oracle: MASS of the whole layer's attention per head
     samples: int | None = None
     stride: int | None = None
     mass_decay: float | None = None
     sparse_layers: range | None = None
-    mass_by_layer: tuple[range, float] | None = None  # these layers select at this mass instead
+    layer_mass: str = ""  # SparseSettings.layer_mass, from the `MA-B=X` options
 
     def settings(self, block_size: int, samples: int, local_blocks: int) -> SparseSettings:
         return SparseSettings(
@@ -282,6 +274,7 @@ class Config:
             mass_decay=SparseSettings.mass_decay if self.mass_decay is None else self.mass_decay,
             local_blocks=local_blocks,
             per_query_head=self.per_query_head,
+            layer_mass=self.layer_mass,
             **knobs(self.scorer, self.value),
         )
 
@@ -303,11 +296,12 @@ def _number(text: str) -> bool:
     return text.replace(".", "", 1).isdigit()
 
 
-def _mass_by_layer(text: str) -> tuple[range, float] | None:
-    """`A-B=X` as (layers A..B, mass X) (None if it is not that)."""
-    layers, _, mass = text.partition("=")
-    ranged = _layer_range(layers)
-    return (ranged, float(mass)) if ranged and _number(mass) else None
+def _layer_mass(text: str) -> bool:
+    """Whether `text` is a `SparseSettings.layer_mass` range (`A-B=X`)."""
+    try:
+        return bool(parse_layer_mass(text))
+    except ValueError:
+        return False
 
 
 def parse_config(text: str) -> Config:
@@ -322,10 +316,10 @@ def parse_config(text: str) -> Config:
             fields["per_query_head"] = True
         elif opt[:1] == "L" and (layers := _layer_range(opt[1:])):
             fields["sparse_layers"] = layers
-        elif opt[:1] == "M" and (budget := _mass_by_layer(opt[1:])):
-            fields["mass_by_layer"] = budget
+        elif opt[:1] == "M" and _layer_mass(opt[1:]):
+            fields["layer_mass"] = ",".join(filter(None, (str(fields.get("layer_mass", "")), opt[1:])))
         elif opt == "layer" and scorer == "oracle":
-            fields["layer_mass"] = True
+            fields["whole_layer"] = True
         elif opt[:1] in NUMBERED_OPTS and opt[1:].isdigit():
             fields[NUMBERED_OPTS[opt[:1]]] = int(opt[1:])
         elif opt[:1] == "d" and _number(opt[1:]):
@@ -446,9 +440,9 @@ def load(a: argparse.Namespace, parser: argparse.ArgumentParser) -> Loaded:
             per_layer=not a.shared,
             max_density=a.max_density,
         )
-        oracle = Oracle(per_layer=config.layer_mass) if config.scorer == "oracle" else None
+        oracle = Oracle(per_layer=config.whole_layer) if config.scorer == "oracle" else None
         sparse = EmulatedPrefill(settings, oracle) if emulate else SparsePrefill.create(settings, workspace)
-        attentions[config.text] = SparseAttention(sparse, emulate, config.sparse_layers, config.mass_by_layer)
+        attentions[config.text] = SparseAttention(sparse, emulate, config.sparse_layers)
     return Loaded(tokenizer, model, dense_attention, attentions, emulate)
 
 

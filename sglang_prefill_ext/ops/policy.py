@@ -63,18 +63,22 @@ class SparsePrefill:
         assert self._layout is not None, "begin() first"
         return self._layout
 
-    def select(self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float) -> torch.Tensor:
-        """Kept blocks [Hkv, R, C] from this layer's queries [N, Hq, D] and KV pool keys."""
+    def select(
+        self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float, layer: int | None = None
+    ) -> torch.Tensor:
+        """Kept blocks [Hkv, R, C] from model layer `layer`'s queries [N, Hq, D] and KV pool keys, at that
+        layer's mass (`SparseSettings.at_layer`)."""
         layout = self.layout
-        scorer = self.settings.scorer
+        settings = self.settings.at_layer(layer)
+        scorer = settings.scorer
         if scorer == "antidiagonal":
-            stride = self.settings.stride
+            stride = settings.stride
             if self._packing is None:
                 self._packing = Packing.build(layout, self._locs, q.shape[1], k_buffer.shape[1], stride)
             mass = antidiagonal_mass(
-                q, k_buffer, self._locs, layout, stride, sm_scale, self.settings.per_query_head, self._packing
+                q, k_buffer, self._locs, layout, stride, sm_scale, settings.per_query_head, self._packing
             )
-            return select_by_mass(mass, layout, self.settings)
+            return select_by_mass(mass, layout, settings)
         by_mass = None
         if scorer in ("sampled", "hybrid"):
             mass = block_mass(
@@ -82,12 +86,12 @@ class SparsePrefill:
                 k_buffer,
                 self._locs,
                 layout,
-                self.settings.samples,
+                settings.samples,
                 sm_scale,
                 self._sample_geometry(q, k_buffer),
-                per_query_head=self.settings.per_query_head,
+                per_query_head=settings.per_query_head,
             )
-            by_mass = select_by_mass(mass, layout, self.settings)
+            by_mass = select_by_mass(mass, layout, settings)
             if scorer == "sampled":
                 return by_mass
         by_pool = self._select_pooled(q, k_buffer, sm_scale)
@@ -183,11 +187,12 @@ class SparsePrefill:
         logits_soft_cap: float = 0.0,
         max_density: float = 1.0,
         guard_layer: int | None = None,
+        layer: int | None = None,
     ) -> bool:
-        """Select this layer's blocks and plan them. With `max_density` < 1, a mask keeping more than
-        that fraction of its causal blocks is declined: nothing is planned, False is returned; so is one
-        that fails the guard (`guard_passes`) as sparse layer `guard_layer` (None: not checked)."""
-        self.mask = self.select(q, k_buffer, sm_scale)
+        """Select model layer `layer`'s blocks and plan them. With `max_density` < 1, a mask keeping more
+        than that fraction of its causal blocks is declined: nothing is planned, False is returned; so is
+        one that fails the guard (`guard_passes`) as sparse layer `guard_layer` (None: not checked)."""
+        self.mask = self.select(q, k_buffer, sm_scale, layer)
         if max_density < 1.0 and self.density() > max_density:
             return False
         if guard_layer is not None and not self.guard_passes(q, k_buffer, sm_scale, guard_layer):
@@ -229,7 +234,9 @@ class SparsePrefill:
         guard_layer = index if self.guard_checks(index) else None
         if self.selects():
             max_density = self.settings.max_density if index == 0 else 1.0
-            sparse = self.select_and_plan(q, k_buffer, sm_scale, logits_soft_cap, max_density, guard_layer)
+            sparse = self.select_and_plan(
+                q, k_buffer, sm_scale, logits_soft_cap, max_density, guard_layer, layer
+            )
         else:
             sparse = guard_layer is None or self.guard_passes(q, k_buffer, sm_scale, guard_layer)
         if not sparse:

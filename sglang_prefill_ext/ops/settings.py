@@ -4,6 +4,7 @@ keeps, when a batch is declined, and how often a forward selects and plans."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -60,6 +61,13 @@ class SparseSettings:
     )
     mass_len: int = _setting(
         32768, "Sampled and antidiagonal scorers: the prompt length up to which the mass is not lowered."
+    )
+    layer_mass: str = _setting(
+        "",
+        "Sampled and antidiagonal scorers: per-layer masses, comma-separated A-B=X: the model's layers A..B "
+        "(from 0, inclusive) select at mass X instead of --prefill-ext-sparse-mass (the decay applies to "
+        "both), e.g. 7-20=0.97; a layer past the model's last is never reached. Needs "
+        "--prefill-ext-sparse-per-layer. Empty: every layer at --prefill-ext-sparse-mass.",
     )
     samples: int = _setting(
         2,
@@ -156,8 +164,37 @@ class SparseSettings:
             raise ValueError(f"dense_layers must be >= 0, got {self.dense_layers}")
         if min(self.sink_blocks, self.local_blocks, self.last_blocks) < 0:
             raise ValueError("sink_blocks, local_blocks and last_blocks must be >= 0")
+        if parse_layer_mass(self.layer_mass) and not self.per_layer:
+            raise ValueError("layer_mass needs per_layer: a shared selection is made at one layer")
+
+    def at_layer(self, layer: int | None) -> SparseSettings:
+        """The settings model layer `layer` selects with: its `layer_mass` mass, if a range names it
+        (None: these settings)."""
+        for layers, mass in parse_layer_mass(self.layer_mass) if layer is not None else ():
+            if layer in layers:
+                return dataclasses.replace(self, mass=mass, layer_mass="")
+        return self
 
     @property
     def log_threshold(self) -> float:
         """The threshold as a logit margin below the row's best (-inf keeps every block)."""
         return math.log(self.threshold) if self.threshold > 0 else -math.inf
+
+
+@functools.lru_cache(maxsize=64)
+def parse_layer_mass(text: str) -> tuple[tuple[range, float], ...]:
+    """`layer_mass` text (`A-B=X,...`) as (layers A..B, mass X) pairs; ValueError names what is wrong."""
+    pairs: list[tuple[range, float]] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        layers, _, mass = item.partition("=")
+        first, _, last = layers.partition("-")
+        try:
+            ranged, value = range(int(first), int(last) + 1), float(mass)
+        except ValueError:
+            raise ValueError(f"layer_mass: expected A-B=X (layers A..B at mass X), got {item!r}") from None
+        if not ranged or ranged.start < 0 or not 0.0 <= value <= 1.0:
+            raise ValueError(f"layer_mass: {item!r} needs 0 <= A <= B and a mass in [0, 1]")
+        if any(set(ranged) & set(other) for other, _ in pairs):
+            raise ValueError(f"layer_mass: {item!r} overlaps an earlier range")
+        pairs.append((ranged, value))
+    return tuple(pairs)

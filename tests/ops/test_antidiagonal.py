@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from kvpool import scattered_batch
@@ -180,3 +182,38 @@ def test_bf16_on_cuda_matches_the_fp32_mass() -> None:
         q.cuda().bfloat16(), k_buffer.cuda().bfloat16(), locs.cuda(), gpu, 8, 128**-0.5, per_query_head=True
     )
     torch.testing.assert_close(got.cpu(), want, atol=2e-2, rtol=0)
+
+
+def test_a_layer_named_in_layer_mass_selects_at_its_own_mass() -> None:
+    """`layer_mass` 2-3=1: model layers 2 and 3 keep every causal block, layer 1 and an unnamed layer
+    select at the base mass, as settings with that mass would."""
+    layout, q, k_buffer, locs = _batch((6, 2), 32, [16 * 40], [16 * 8], seed=5)
+    base = SparseSettings(block_size=BLOCK, scorer="antidiagonal", stride=4, mass=0.5, per_query_head=True)
+    sparse = SparsePrefill(dataclasses.replace(base, layer_mass="2-3=1,5-5=0.8"), None)
+    sparse.begin(layout, locs)
+    causal = select_by_mass(
+        antidiagonal_mass(q, k_buffer, locs, layout, 4, 32**-0.5, True),
+        layout,
+        dataclasses.replace(base, mass=1.0),
+    )
+    for layer in (2, 3):
+        assert torch.equal(sparse.select(q, k_buffer, 32**-0.5, layer), causal)
+    at_base = sparse.select(q, k_buffer, 32**-0.5, 1)
+    plain = SparsePrefill(base, None)
+    plain.begin(layout, locs)
+    assert torch.equal(at_base, plain.select(q, k_buffer, 32**-0.5))
+    assert int(at_base.sum()) < int(causal.sum())
+    assert sparse.settings.at_layer(5).mass == 0.8 and sparse.settings.at_layer(4).mass == 0.5
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("7-20", "expected A-B=X"), ("7=0.9", "expected A-B=X"), ("a-b=0.9", "expected A-B=X"), ("9-7=0.9", "0 <= A <= B"),
+     ("1-2=1.5", "mass in"), ("0-9=0.9,9-12=0.95", "overlaps")],
+)  # fmt: skip
+def test_a_malformed_layer_mass_is_refused_by_name(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SparseSettings(layer_mass=text)
+    with pytest.raises(ValueError, match="needs per_layer"):
+        SparseSettings(layer_mass="1-2=0.9", per_layer=False)
+    assert SparseSettings(layer_mass="1-2=0.9").at_layer(None) == SparseSettings(layer_mass="1-2=0.9")
