@@ -28,7 +28,8 @@ OUT=${OUT:-$REPO/out-study}
 STUDY=${STUDY:-/tmp/sparse-study}
 MODEL=${MODEL:-/tmp/qwen-coder-hf-yarn4}
 DEFAULT_CONFIG=${DEFAULT_CONFIG:-antidiagonal:0.9@x16,q}
-CANDIDATES=${CANDIDATES:-antidiagonal:0.8@x16,q $DEFAULT_CONFIG antidiagonal:0.95@x16,q}
+# per-layer budgets: the middle layers, where the loss is (2026-12-04's attribution), at a higher mass
+CANDIDATES=${CANDIDATES:-$DEFAULT_CONFIG antidiagonal:0.8@x16,q,M7-20=0.95 antidiagonal:0.8@x16,q,M7-20=0.97 antidiagonal:0.9@x16,q,M7-20=0.97 antidiagonal:0.7@x16,q,M7-20=0.95}
 DEV_CONFIGS=${DEV_CONFIGS:-$CANDIDATES}
 mkdir -p "$OUT" "$STUDY"
 log() { echo "[study $(date +%H:%M:%S)] $*"; }

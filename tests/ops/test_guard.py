@@ -122,7 +122,7 @@ def _needle_batch(needle_row: int, needle_block: int, seed: int = 0):
 
 
 def _forced(mask: torch.Tensor):
-    return lambda q, k_buffer, sm_scale: mask.clone()
+    return lambda q, k_buffer, sm_scale, layer=None: mask.clone()
 
 
 def _causal(layout: BlockLayout, heads: int) -> torch.Tensor:

@@ -37,6 +37,6 @@ def test_a_dropped_needle_declines_before_flashinfer_and_keeping_everything_runs
     dropped = sparse.mask.clone()
     dropped[:, row, block] = False
     sparse.begin(layout, locs)
-    sparse.select = lambda q, k_buffer, sm_scale: dropped
+    sparse.select = lambda q, k_buffer, sm_scale, layer=None: dropped
     assert sparse.attend(q, pool.k, pool.v, head_dim**-0.5, layer=0) is None
     assert sparse.guard_stat < 0.5 and not sparse.planned
