@@ -96,3 +96,25 @@ def test_requests_mark_each_chunk_by_its_exact_ids() -> None:
     assert extra["chunk_tokens"] == sum(e - s for _, b in client.sent for s, e in b["chunk_spans"])
     assert 0 < extra["chunk_tokens_in_a_prefix_seen_before"] <= extra["chunk_tokens_seen_before"]
     assert extra["real_text"] is False
+
+
+def test_with_a_tokenizer_the_chunks_are_cut_from_real_text(tmp_path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    words = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({"[UNK]": 0, "def": 1, "self": 2}, unk_token="[UNK]")
+    )
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(tmp_path)
+    parser = argparse.ArgumentParser()
+    ttft_bench.add_workload_args(parser)
+    args = parser.parse_args(
+        ["--rag-chunks-questions", "3", "--rag-chunks-catalogue", "5", "--rag-chunks-k", "2",
+         "--rag-chunks-rate", "1e6", "--rag-chunks-tokenizer", str(tmp_path)]
+    )  # fmt: skip
+    args.max_new_tokens, args.rag_question_tokens = 1, 5
+    client = RecordingClient()
+    extra = asyncio.run(wl_rag_chunks(Ctx(client, TokenSource(3, 100, 1000), args, None), "rag-chunks"))
+    assert extra["real_text"] is True
+    chunk_ids = {i for ids, body in client.sent for start, end in body["chunk_spans"] for i in ids[start:end]}
+    assert chunk_ids == {0, 1, 2}  # unknown words, and the two known ones: Python source

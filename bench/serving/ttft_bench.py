@@ -195,9 +195,10 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rag-chunks-rate", type=float, default=4.0, help="Poisson arrivals per second")
     g.add_argument("--rag-chunks-system-tokens", type=int, default=256, help="shared by every question")
     g.add_argument(
-        "--rag-chunks-tokenizer", default="", help="cut the chunks from held-out real text tokenized by this"
+        "--rag-chunks-tokenizer",
+        default="",
+        help="cut the chunks from real text (the standard library's source) tokenized by this",
     )
-    g.add_argument("--rag-chunks-corpus", default="prose", help="bench.accuracy.corpora corpus for the text")
     g.add_argument("--unique-lengths", type=_ints, default=[8192, 32768, 100000])
     g.add_argument("--unique-reps", type=_ints, default=[4, 3, 2])
     g.add_argument("--mixed-long-n", type=int, default=4)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bench.lib import real_text
 from bench.lib.arrivals import mixed_plan, rag_chunks_plan, rag_stream_plan
 from bench.lib.client import Client, Record
 
@@ -343,18 +344,22 @@ async def wl_rag_stream(ctx: Ctx, name: str) -> dict[str, Any]:
 
 
 def _chunk_stream(ctx: Ctx, name: str, num_tokens: int) -> list[int]:
-    """The token stream the rag-chunks catalogue is cut from: held-out real text through
-    --rag-chunks-tokenizer, else seeded ids like every other workload's."""
+    """The token stream the rag-chunks catalogue is cut from: the standard library's source
+    (`bench.lib.real_text`) through --rag-chunks-tokenizer, else seeded ids like every other workload's."""
     path = ctx.args.rag_chunks_tokenizer
     if not path:
         return ctx.tokens.ids(num_tokens, name, "corpus")
     from transformers import AutoTokenizer
 
-    from bench.accuracy.corpora import corpus_ids
-
     tokenizer = AutoTokenizer.from_pretrained(path)
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    return corpus_ids(ctx.args.rag_chunks_corpus, encode, num_tokens)
+    # source code tokenizes at ~3.5 characters a token; the modules hold ~1M characters
+    ids = tokenizer(real_text.corpus_text(num_tokens * 3), add_special_tokens=False)["input_ids"]
+    if len(ids) < num_tokens:
+        raise SystemExit(
+            f"rag-chunks: the standard library gave {len(ids)} tokens, the catalogue needs {num_tokens}; "
+            "lower --rag-chunks-catalogue or --rag-chunks-max-tokens"
+        )
+    return ids
 
 
 async def wl_rag_chunks(ctx: Ctx, name: str) -> dict[str, Any]:
