@@ -302,9 +302,10 @@ class PrefillExtConfig:
             raise OptionError(f"{option_name('log_fingerprints')} needs {option_name('log')}")
         if config.blend:
             raise OptionError(
-                f"{option_name('blend')} is not wired into the serving path yet (its chunk store, "
-                "re-positioning kernel and reference selective recompute are built; docs/BLEND.md says "
-                "what is left)"
+                f"{option_name('blend')} is not wired into the serving path yet: no SGLang version's "
+                "scheduler takes a request's chunk_spans, runs its prompt as the blend plan's extends or "
+                "places the reused KV between them (the chunk store, the plan, the KV placement over "
+                "SGLang's pool and the reference recompute are built; docs/BLEND.md says what is left)"
             )
         if "blend_recompute_ratio" in options:
             raise OptionError(f"{option_name('blend_recompute_ratio')} needs {option_name('blend')}")

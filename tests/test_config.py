@@ -194,8 +194,10 @@ def test_blend_is_refused_until_it_is_wired() -> None:
     with pytest.raises(OptionError) as refused:
         PrefillExtConfig.from_options(getattr(parse("--prefill-ext-blend"), OPTIONS_DEST))
     assert str(refused.value) == (
-        "--prefill-ext-blend is not wired into the serving path yet (its chunk store, re-positioning "
-        "kernel and reference selective recompute are built; docs/BLEND.md says what is left)"
+        "--prefill-ext-blend is not wired into the serving path yet: no SGLang version's scheduler takes "
+        "a request's chunk_spans, runs its prompt as the blend plan's extends or places the reused KV "
+        "between them (the chunk store, the plan, the KV placement over SGLang's pool and the reference "
+        "recompute are built; docs/BLEND.md says what is left)"
     )
     with pytest.raises(OptionError, match="^--prefill-ext-blend-recompute-ratio needs --prefill-ext-blend$"):
         PrefillExtConfig.from_options({"blend_recompute_ratio": 0.2})

@@ -108,3 +108,61 @@ def rag_stream_repeating(
     while (plan := rag_stream_plan(rng(), requests, docs, zipf, new_every, rate)).repeats() < repeats:
         requests += repeats - plan.repeats()
     return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class RagChunksPlan:
+    """A catalogue of chunks (`lengths[c]` tokens each) and, per question arriving at `at_s[i]`, the
+    chunks it retrieved in relevance order (`retrieved[i]`)."""
+
+    lengths: tuple[int, ...]
+    at_s: tuple[float, ...]
+    retrieved: tuple[tuple[int, ...], ...]
+
+    def reuse(self) -> tuple[int, int, int]:
+        """(chunk tokens sent, of them sent before in any position, of them in a prefix sent before:
+        what a prefix cache can reuse at most, the chunk sequence matched up to its first difference)."""
+        sent = seen_anywhere = seen_as_prefix = 0
+        seen: set[int] = set()
+        prefixes: set[tuple[int, ...]] = set()
+        for chunks in self.retrieved:
+            matched = True
+            for depth, chunk in enumerate(chunks):
+                sent += self.lengths[chunk]
+                seen_anywhere += self.lengths[chunk] if chunk in seen else 0
+                matched = matched and chunks[: depth + 1] in prefixes
+                seen_as_prefix += self.lengths[chunk] if matched else 0
+            seen.update(chunks)
+            prefixes.update(chunks[: depth + 1] for depth in range(len(chunks)))
+        return sent, seen_anywhere, seen_as_prefix
+
+
+def rag_chunks_plan(
+    rng: random.Random,
+    questions: int,
+    catalogue: int,
+    k: int,
+    min_tokens: int,
+    max_tokens: int,
+    zipf: float,
+    rate: float,
+) -> RagChunksPlan:
+    """`catalogue` chunks of `min_tokens`..`max_tokens` tokens ranked by popularity; each question
+    retrieves `k` distinct chunks, drawn one after another by Zipf(`zipf`) weight among those not yet
+    drawn: the draw order is the relevance order (a popular chunk tends to rank high, not always
+    first). Poisson arrivals of `rate` per second."""
+    if not 0 < k <= catalogue:
+        raise ValueError(f"k must be in [1, {catalogue}], got {k}")
+    lengths = tuple(rng.randint(min_tokens, max_tokens) for _ in range(catalogue))
+    weights = zipf_weights(catalogue, zipf)
+    at, retrieved, t = [], [], 0.0
+    for _ in range(questions):
+        left = list(range(catalogue))
+        chunks = []
+        for _ in range(k):
+            pick = rng.choices(range(len(left)), [weights[c] for c in left])[0]
+            chunks.append(left.pop(pick))
+        retrieved.append(tuple(chunks))
+        at.append(t)
+        t += rng.expovariate(rate)
+    return RagChunksPlan(lengths, tuple(at), tuple(retrieved))

@@ -193,8 +193,10 @@ class Client:
         t0: float,
         max_new_tokens: int,
         reusable: int = 0,
+        extra_body: dict[str, Any] | None = None,
         **tags: Any,
     ) -> Record:
+        """One streamed `/generate` of `ids`; `extra_body`: more request fields (e.g. `chunk_spans`)."""
         rec = Record(
             label=self.label,
             workload=workload,
@@ -210,6 +212,7 @@ class Client:
             "input_ids": ids,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
             "stream": True,
+            **(extra_body or {}),
         }
         body = json.dumps(payload).encode()
         start = time.perf_counter()

@@ -186,6 +186,19 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         "--rag-stream-new-every", type=int, default=24, help="a new cold document every N requests (0: never)"
     )
     g.add_argument("--rag-stream-rate", type=float, default=12.0, help="Poisson arrivals per second")
+    g.add_argument("--rag-chunks-questions", type=int, default=200)
+    g.add_argument("--rag-chunks-catalogue", type=int, default=200, help="chunks to retrieve from")
+    g.add_argument("--rag-chunks-k", type=int, default=8, help="chunks per question")
+    g.add_argument("--rag-chunks-min-tokens", type=int, default=512)
+    g.add_argument("--rag-chunks-max-tokens", type=int, default=2048)
+    g.add_argument("--rag-chunks-zipf", type=float, default=1.0, help="popularity: Zipf exponent over ranks")
+    g.add_argument("--rag-chunks-rate", type=float, default=4.0, help="Poisson arrivals per second")
+    g.add_argument("--rag-chunks-system-tokens", type=int, default=256, help="shared by every question")
+    g.add_argument(
+        "--rag-chunks-tokenizer",
+        default="",
+        help="cut the chunks from real text (the standard library's source) tokenized by this",
+    )
     g.add_argument("--unique-lengths", type=_ints, default=[8192, 32768, 100000])
     g.add_argument("--unique-reps", type=_ints, default=[4, 3, 2])
     g.add_argument("--mixed-long-n", type=int, default=4)

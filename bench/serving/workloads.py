@@ -11,13 +11,15 @@ import argparse
 import asyncio
 import dataclasses
 import hashlib
+import itertools
 import math
 import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bench.lib.arrivals import mixed_plan, rag_stream_plan
+from bench.lib import real_text
+from bench.lib.arrivals import mixed_plan, rag_chunks_plan, rag_stream_plan
 from bench.lib.client import Client, Record
 
 BASELINE_LENGTHS = (1024, 8192, 32768, 100000)
@@ -40,6 +42,8 @@ ESTIMATED_S = {
     "timestamp": 12,
     "shuffled": 15,
     "sysprompt": 6,
+    # 200 questions of ~10K tokens at 4 req/s: not measured yet
+    "rag-chunks": 60,
 }
 
 
@@ -339,6 +343,79 @@ async def wl_rag_stream(ctx: Ctx, name: str) -> dict[str, Any]:
     return {"arrival_rate_per_s": a.rag_stream_rate, "documents": len(seen)}
 
 
+def _chunk_stream(ctx: Ctx, name: str, num_tokens: int) -> list[int]:
+    """The token stream the rag-chunks catalogue is cut from: the standard library's source
+    (`bench.lib.real_text`) through --rag-chunks-tokenizer, else seeded ids like every other workload's."""
+    path = ctx.args.rag_chunks_tokenizer
+    if not path:
+        return ctx.tokens.ids(num_tokens, name, "corpus")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    # source code tokenizes at ~3.5 characters a token; the modules hold ~1M characters
+    ids = tokenizer(real_text.corpus_text(num_tokens * 3), add_special_tokens=False)["input_ids"]
+    if len(ids) < num_tokens:
+        raise SystemExit(
+            f"rag-chunks: the standard library gave {len(ids)} tokens, the catalogue needs {num_tokens}; "
+            "lower --rag-chunks-catalogue or --rag-chunks-max-tokens"
+        )
+    return ids
+
+
+async def wl_rag_chunks(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(11) RAG over a catalogue of chunks (issue 40): each question retrieves k of them by Zipf
+    popularity, in relevance order, after a shared system prompt, then asks; `chunk_spans` marks the
+    chunks (stock SGLang ignores the field). Poisson arrivals."""
+    c, tok, a = ctx.client, ctx.tokens, ctx.args
+    plan = rag_chunks_plan(
+        tok.rng(name),
+        a.rag_chunks_questions,
+        a.rag_chunks_catalogue,
+        a.rag_chunks_k,
+        a.rag_chunks_min_tokens,
+        a.rag_chunks_max_tokens,
+        a.rag_chunks_zipf,
+        a.rag_chunks_rate,
+    )
+    stream = _chunk_stream(ctx, name, sum(plan.lengths))
+    starts = [0, *itertools.accumulate(plan.lengths)]
+    chunks = [stream[start : start + n] for start, n in zip(starts, plan.lengths, strict=False)]
+    system = tok.ids(a.rag_chunks_system_tokens, name, "system")
+    t0 = time.perf_counter()
+    tasks = []
+    for i, (at, retrieved) in enumerate(zip(plan.at_s, plan.retrieved, strict=True)):
+        ids, spans = list(system), []
+        for chunk in retrieved:
+            spans.append([len(ids), len(ids) + len(chunks[chunk])])
+            ids += chunks[chunk]
+        ids += tok.ids(a.rag_question_tokens, name, "q", i)
+        tasks.append(
+            _at(
+                at,
+                c.generate(
+                    ids,
+                    workload=name,
+                    group="chunks",
+                    idx=i,
+                    t0=t0,
+                    max_new_tokens=a.max_new_tokens,
+                    reusable=len(system) if i else 0,
+                    extra_body={"chunk_spans": spans},
+                ),
+            )
+        )
+    with c.bar(len(tasks), name):
+        await asyncio.gather(*tasks)
+    sent, seen, in_prefix = plan.reuse()
+    return {
+        "arrival_rate_per_s": a.rag_chunks_rate,
+        "chunk_tokens": sent,
+        "chunk_tokens_seen_before": seen,
+        "chunk_tokens_in_a_prefix_seen_before": in_prefix,
+        "real_text": bool(a.rag_chunks_tokenizer),
+    }
+
+
 async def _one_at_a_time(ctx: Ctx, name: str, prompts: list[list[int]]) -> dict[str, Any]:
     """Send `prompts` in order, each once the one before it answered."""
     c, a = ctx.client, ctx.args
@@ -471,4 +548,5 @@ WORKLOADS: dict[str, WorkloadFn] = {
     "timestamp": wl_timestamp,
     "shuffled": wl_shuffled,
     "sysprompt": wl_sysprompt,
+    "rag-chunks": wl_rag_chunks,
 }

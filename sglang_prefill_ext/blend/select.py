@@ -21,7 +21,7 @@ import torch
 from sglang_prefill_ext.blend.spans import Span
 
 
-def _check_ratio(ratio: float) -> None:
+def check_ratio(ratio: float) -> None:
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"the recompute ratio must be in [0, 1], got {ratio}")
 
@@ -40,7 +40,7 @@ def fixed_ratio(
     spans: tuple[Span, ...], prompt_len: int, ratio: float, device: torch.device | str | None = None
 ) -> torch.Tensor:
     """[prompt_len] bool: everything outside the spans and each chunk's first ceil(ratio * n) tokens."""
-    _check_ratio(ratio)
+    check_ratio(ratio)
     computed = ~chunk_mask(spans, prompt_len, device)
     for start, end in spans:
         computed[start : start + math.ceil(ratio * (end - start))] = True
@@ -59,7 +59,7 @@ def kv_deviation(
 def largest_deviation(spans: tuple[Span, ...], deviation: torch.Tensor, ratio: float) -> torch.Tensor:
     """[prompt_len] bool: everything outside the spans and the round(ratio * reused) chunk tokens of the
     largest `deviation` ([prompt_len], read only inside the spans); ties go to the earlier position."""
-    _check_ratio(ratio)
+    check_ratio(ratio)
     reused = chunk_mask(spans, deviation.shape[0], deviation.device)
     computed = ~reused
     count = round(ratio * int(reused.sum()))

@@ -1,0 +1,114 @@
+"""A blended request's prefill as ordinary extends over the blended KV (docs/BLEND.md, the serving plan).
+
+Under the fixed rule (`select.fixed_ratio`) the tokens a request computes are contiguous runs: the
+text between chunks, each reused chunk's head (its first ceil(ratio * n) tokens) and the tail of a
+chunk shorter than a page. Between two runs lies a reused run, whose KV comes from the store (K
+re-rotated, V copied). Attention is causal, so a computed row never reads a later row: running the
+computed runs one after another, each as a plain extend whose prefix is every earlier slot (reused
+or computed), gives the very KV and logits of the one-pass blended prefill (tests/blend/test_plan.py).
+That is what lets the server run blending on stock extend kernels, at the price of one forward pass
+per computed run after a reused one (up to one per reused chunk, plus the last).
+
+`lookups` says which spans the chunk store is asked about (those past the prefix-tree match with at
+least a page of tokens, keyed by their page-aligned head); `plan` turns the answers into runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+from sglang_prefill_ext.blend.select import check_ratio
+from sglang_prefill_ext.blend.spans import Span
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookup:
+    """Span `index`'s store key: its tokens [start, start + length), `length` its page-aligned head."""
+
+    index: int
+    start: int
+    length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """Prompt positions [start, end): computed when `cached_start` is None, else reused from the store
+    entry of span `span`, whose token at `start` was cached at position `cached_start`."""
+
+    start: int
+    end: int
+    span: int | None = None
+    cached_start: int | None = None
+
+    @property
+    def reused(self) -> bool:
+        return self.cached_start is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class BlendPlan:
+    """The positions past the tree's match, in runs; `stores`: the looked-up spans that missed, to be
+    stored once computed; `exact_len`: how far the prompt's KV is exact (what the tree may take)."""
+
+    prefix_len: int
+    runs: tuple[Run, ...]
+    stores: tuple[Lookup, ...]
+    exact_len: int
+
+    @property
+    def reused_tokens(self) -> int:
+        return sum(run.end - run.start for run in self.runs if run.reused)
+
+    @property
+    def extends(self) -> tuple[Run, ...]:
+        """The computed runs: one forward pass each, in order, the reused run before each written first."""
+        return tuple(run for run in self.runs if not run.reused)
+
+
+def lookups(spans: tuple[Span, ...], prefix_len: int, page_size: int) -> tuple[Lookup, ...]:
+    """The spans to look up: wholly past the matched prefix, with at least one page of tokens."""
+    found = []
+    for index, (start, end) in enumerate(spans):
+        length = (end - start) // page_size * page_size
+        if start >= prefix_len and length:
+            found.append(Lookup(index, start, length))
+    return tuple(found)
+
+
+def plan(
+    prompt_len: int,
+    prefix_len: int,
+    spans: tuple[Span, ...],
+    asked: tuple[Lookup, ...],
+    hits: Mapping[int, int],
+    ratio: float,
+) -> BlendPlan:
+    """The runs of a prompt whose first `prefix_len` tokens the tree matched. `asked` is `lookups`'s
+    answer; `hits` maps the index of each span found in the store to its entry's cached position."""
+    check_ratio(ratio)
+    if not 0 <= prefix_len < prompt_len:
+        raise ValueError(
+            f"the matched prefix ({prefix_len}) must leave a token of the {prompt_len} to compute"
+        )
+    runs: list[Run] = []
+    cursor = prefix_len
+    for lookup in asked:
+        if lookup.index not in hits:
+            continue
+        start, end = spans[lookup.index]
+        head = math.ceil(ratio * (end - start))
+        # the prompt's last token is always computed: its logits are the first output token
+        reuse_end = min(start + lookup.length, prompt_len - 1)
+        if start + head >= reuse_end:
+            continue
+        if cursor < start + head:
+            runs.append(Run(cursor, start + head))
+        offset = hits[lookup.index] - start
+        runs.append(Run(start + head, reuse_end, lookup.index, start + head + offset))
+        cursor = reuse_end
+    runs.append(Run(cursor, prompt_len))
+    first_reused = next((run.start for run in runs if run.reused), prompt_len)
+    stores = tuple(lookup for lookup in asked if lookup.index not in hits)
+    return BlendPlan(prefix_len, tuple(runs), stores, first_reused)
