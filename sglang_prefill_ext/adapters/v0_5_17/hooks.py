@@ -7,12 +7,14 @@ in `sglang_prefill_ext.adapters.common`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sglang_prefill_ext.adapters import common
+from sglang_prefill_ext.blend.spans import Span, parse_chunk_spans
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.managers.io_struct import GenerateReqInput
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
     from sglang.srt.mem_cache.registry import TreeCacheBuildContext
@@ -76,3 +78,24 @@ def validate_input_ids(manager: TokenizerManager, input_ids: list[int] | None) -
     common.validate_token_ids(
         input_ids, manager.model_config.vocab_size, manager._validate_input_ids_in_vocab
     )
+
+
+def chunk_spans_of_prompt(spans: Any, index: int) -> Any:
+    """A batch's `chunk_spans` for its prompt `index` (`GenerateReqInput.__getitem__`): one entry per
+    prompt. A value without that entry goes on whole, for the prompt's check to refuse under the flag
+    (flag off, it is dropped as stock drops the field)."""
+    if isinstance(spans, list) and index < len(spans):
+        return spans[index]
+    return spans
+
+
+def chunk_spans(
+    manager: TokenizerManager, obj: GenerateReqInput, input_ids: list[int] | None
+) -> tuple[Span, ...] | None:
+    """The request's checked chunk spans for its scheduler (`TokenizedGenerateReqInput.chunk_spans`)
+    under `--prefill-ext-blend`: a malformed value is a ValueError (stock's 400). Flag off: None, the
+    field dropped as stock drops an unknown field of `/generate`."""
+    config = common.prefill_ext_config(manager.server_args)
+    if config is None or not config.blend:
+        return None
+    return parse_chunk_spans(obj.chunk_spans, len(input_ids or ())) or None
