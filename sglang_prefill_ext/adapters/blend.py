@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-from sglang_prefill_ext.blend.plan import BlendPlan, lookups, plan
+from sglang_prefill_ext.blend.plan import BlendPlan, Run, lookups, plan
 from sglang_prefill_ext.blend.spans import Span
 from sglang_prefill_ext.ops.rerotate import rerotate
 from sglang_prefill_ext.ops.rope import Rope
@@ -95,13 +95,17 @@ def place(pool: Any, rope: Rope, admission: BlendAdmission, row: torch.Tensor) -
     """Write every reused run into the request's slots `row` (its `req_to_token` row, by position)."""
     check_pool(pool)
     for run in admission.plan.runs:
-        if not run.reused:
-            continue
-        start = admission.spans[run.span][0]
-        src = admission.entries[run.span].value[run.start - start : run.end - start]
-        to_pos = torch.arange(run.start, run.end, device=src.device)
-        from_pos = to_pos - run.start + run.cached_start
-        write_reused(pool, rope, src, row[run.start : run.end].to(torch.int64), from_pos, to_pos)
+        if run.reused:
+            place_run(pool, rope, admission, run, row)
+
+
+def place_run(pool: Any, rope: Rope, admission: BlendAdmission, run: Run, row: torch.Tensor) -> None:
+    """Write the reused `run` into the request's slots `row` (by position; a pool `check_pool` passed)."""
+    start = admission.spans[run.span][0]
+    src = admission.entries[run.span].value[run.start - start : run.end - start]
+    to_pos = torch.arange(run.start, run.end, device=src.device)
+    from_pos = to_pos - run.start + run.cached_start
+    write_reused(pool, rope, src, row[run.start : run.end].to(torch.int64), from_pos, to_pos)
 
 
 def write_reused(

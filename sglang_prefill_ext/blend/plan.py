@@ -66,6 +66,12 @@ class BlendPlan:
         """The computed runs: one forward pass each, in order, the reused run before each written first."""
         return tuple(run for run in self.runs if not run.reused)
 
+    def computed_from(self, position: int) -> BlendPlan:
+        """This plan with everything from `position` (a run's start) on computed instead."""
+        runs = (*(run for run in self.runs if run.end <= position), Run(position, self.runs[-1].end))
+        first_reused = next((run.start for run in runs if run.reused), runs[-1].end)
+        return dataclasses.replace(self, runs=runs, exact_len=first_reused)
+
 
 def lookups(spans: tuple[Span, ...], prefix_len: int, page_size: int) -> tuple[Lookup, ...]:
     """The spans to look up: wholly past the matched prefix, with at least one page of tokens."""

@@ -43,6 +43,8 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         self._setup(params, config, self._split_event_hashes if self.enable_kv_cache_events else None)
         # Requests whose complete prompt is cached already (a decoding request after its prefill).
         self._checkpointed: weakref.WeakSet[Req] = weakref.WeakSet()
+        # Blended requests (`blending.Blending`): the tree takes only their first tokens, whose KV is exact.
+        self.exact_lens: weakref.WeakKeyDictionary[Req, int] = weakref.WeakKeyDictionary()
         self.reset()
 
     # ----- 0.5.17's keys and results -----
@@ -51,7 +53,8 @@ class PrefillExtRadixCache(PrefixTreeCacheMixin, BasePrefixCache):
         return key.extra_key
 
     def _req_query(self, req: Req, token_ids: Any) -> Query:
-        return self.tree.query(as_token_array(token_ids, len(token_ids)), req.extra_key)
+        length = min(len(token_ids), self.exact_lens.get(req, len(token_ids)))
+        return self.tree.query(as_token_array(token_ids, length), req.extra_key)
 
     def _match_result(self, handle: MatchHandle | None) -> MatchResult:
         node = self.tree.root if handle is None else handle.node

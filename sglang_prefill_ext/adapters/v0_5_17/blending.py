@@ -1,0 +1,106 @@
+"""Chunk blending's steps on SGLang 0.5.17's chunked prefill (docs/BLEND.md, "What is left" 1).
+
+A blended request runs its prompt as its plan's extends, one pass each, as SGLang's chunked request.
+No scheduler hook calls these yet; what each hook is to call, per request:
+
+- `admit(req, spans)` once `PrefillAdder` admitted it (its prefix matched): look up, plan, lock
+  (`adapters.blend.admit`); from then on the tree takes only its first `exact_len` tokens;
+- `extend_end(req)`: where its extend from `len(req.prefix_indices)` may end at most, the end of the
+  computed run that holds that position (the adder's `set_extend_range` end is capped to it);
+- `place_next(req)` between passes, after `cache_unfinished_req`: when the prefix ends where a reused
+  run starts, that run gets slots of its own in the request's row, its KV is placed there, and it
+  joins `prefix_indices` (the next extend's prefix) and the request's committed KV, so an abort frees
+  it with the rest (`release_kv_cache`). A pool too short for the run leaves it to be computed;
+- `finish(req, completed)` before `release_kv_cache`: the spans that missed are stored once the
+  prefill completed (an aborted prefill's KV is not), and the reused entries are unlocked.
+
+Page size 1 only: on a paged allocator a placed run would have to continue the prefix's last page.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+from sglang_prefill_ext.adapters import blend
+from sglang_prefill_ext.blend.plan import Run
+from sglang_prefill_ext.blend.spans import Span
+from sglang_prefill_ext.ops.rope import Rope
+from sglang_prefill_ext.radix.tokens import as_token_array
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+
+    from sglang_prefill_ext.adapters.v0_5_17.radix_cache import PrefillExtRadixCache
+
+
+class Blending:
+    """The blended requests of one scheduler, over its tree cache and its KV pool."""
+
+    def __init__(self, cache: PrefillExtRadixCache, pool: Any, rope: Rope, ratio: float) -> None:
+        if cache.page_size != 1:
+            raise ValueError(f"--prefill-ext-blend needs --page-size 1 for now (got {cache.page_size})")
+        blend.check_pool(pool)
+        self.cache, self.pool, self.rope, self.ratio = cache, pool, rope, ratio
+        self._admissions: weakref.WeakKeyDictionary[Req, blend.BlendAdmission] = weakref.WeakKeyDictionary()
+
+    def admission(self, req: Req) -> blend.BlendAdmission | None:
+        return self._admissions.get(req)
+
+    def admit(self, req: Req, spans: tuple[Span, ...]) -> blend.BlendAdmission:
+        """Plan `req`'s prompt past its matched prefix and lock the chunks the plan reuses."""
+        tokens = as_token_array(req.origin_input_ids, len(req.origin_input_ids)).copy()
+        admission = blend.admit(self.cache, tokens, req.extra_key, spans, len(req.prefix_indices), self.ratio)
+        self._admissions[req] = admission
+        self.cache.exact_lens[req] = admission.exact_len
+        return admission
+
+    def _run_at(self, req: Req) -> Run | None:
+        """The run of `req`'s plan that holds its first position past `prefix_indices`."""
+        done = len(req.prefix_indices)
+        return next((run for run in self._admissions[req].plan.runs if run.start <= done < run.end), None)
+
+    def extend_end(self, req: Req) -> int:
+        """The furthest `req`'s next extend may reach: the end of its computed run (or the prompt's)."""
+        run = self._run_at(req)
+        return len(req.origin_input_ids) if run is None or run.reused else run.end
+
+    def place_next(self, req: Req) -> bool:
+        """Between passes: the reused run at `req`'s prefix end into slots of its own; False if there
+        is none there, or the pool cannot hold it (that run and the rest are then computed)."""
+        run = self._run_at(req)
+        if run is None or not run.reused:
+            return False
+        admission = self._admissions[req]
+        length = run.end - run.start
+        allocator = self.cache.token_to_kv_pool_allocator
+        if allocator.available_size() < length:
+            self.cache.evict(EvictParams(num_tokens=length - allocator.available_size()))
+        slots = allocator.alloc(length)
+        if slots is None:
+            admission.plan = admission.plan.computed_from(run.start)
+            self.cache.exact_lens[req] = admission.exact_len
+            return False
+        slots = slots.to(torch.int64)
+        pool = self.cache.req_to_token_pool
+        pool.write((req.req_pool_idx, slice(run.start, run.end)), slots.to(pool.req_to_token.dtype))
+        blend.place_run(self.pool, self.rope, admission, run, pool.req_to_token[req.req_pool_idx])
+        req.prefix_indices = torch.cat([req.prefix_indices.to(torch.int64), slots])
+        req.kv.kv_allocated_len = run.end
+        req.kv_committed_len = run.end
+        return True
+
+    def finish(self, req: Req, completed: bool) -> int:
+        """Store the spans that missed (when `completed`), unlock the reused ones; how many were stored."""
+        admission = self._admissions.pop(req, None)
+        if admission is None:
+            return 0
+        stored = 0
+        if completed:
+            row = self.cache.req_to_token_pool.req_to_token[req.req_pool_idx]
+            stored = blend.store(self.cache, self.pool, admission, row)
+        blend.release(self.cache, admission)
+        return stored
