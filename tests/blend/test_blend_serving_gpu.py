@@ -1,0 +1,153 @@
+"""(gpu) Chunk blending through a real SGLang 0.5.17 server (docs/BLEND.md), one model: the checkpoint
+`$PREFILL_EXT_BLEND_MODEL` names (e.g. the Qwen2.5-Coder-1.5B that `bench/gpu/run_real.sh` converts to
+`/tmp/qwen-coder-hf`); skipped without CUDA or without it. One call: bench/gpu/README.md.
+
+- flag off: a request's `chunk_spans` (valid or malformed) changes nothing: the same greedy ids as the
+  same request without it, on a server without `--prefill-ext-blend` (its greedy identity with stock
+  itself is `run_real.sh`'s);
+- under `--prefill-ext-blend`, while it is refused (`config.UNSERVED_OPTIONS`), these skip saying so:
+  ratio 1 gives the full prefill's greedy ids; a reordered chunk set runs as the ratio's heads and the
+  question (its `--prefill-ext-log` line's `chunks`: one pass each); malformed spans get a 400 with
+  `parse_chunk_spans`'s message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.lib.client import http_json, wait_healthy
+from sglang_prefill_ext import config
+
+pytestmark = pytest.mark.gpu
+
+MODEL = os.environ.get("PREFILL_EXT_BLEND_MODEL", "")
+NEW_TOKENS = 16
+CHUNK = 256  # tokens a chunk: two pages of any page size up to 128
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One SGLang server on this GPU, in its own process group (ended with it)."""
+
+    def __init__(self, *argv: str, log: Path) -> None:
+        if not MODEL or not Path(MODEL).is_dir():
+            pytest.skip("set PREFILL_EXT_BLEND_MODEL to a checkpoint folder")
+        port = _port()
+        self.url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "sglang.launch_server", "--model-path", MODEL, "--port", str(port)]
+        self.proc = subprocess.Popen(
+            [*command, "--mem-fraction-static", "0.4", "--page-size", "1", *argv],
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if not wait_healthy(self.url, 600):
+            self.stop()
+            raise RuntimeError(f"the server did not come up: {log}")
+
+    def generate(self, ids: list[int], **fields: Any) -> list[int]:
+        sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
+        reply = http_json(
+            self.url + "/generate", {"input_ids": ids, "sampling_params": sampling, **fields}, 300
+        )
+        return reply["output_ids"]
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _serve(tmp_path: Path, name: str, *argv: str) -> Iterator[Server]:
+    server = Server(*argv, log=tmp_path / f"{name}.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _blend_served() -> None:
+    if "blend" in config.UNSERVED_OPTIONS:
+        pytest.skip("--prefill-ext-blend is still refused (config.UNSERVED_OPTIONS; docs/BLEND.md)")
+
+
+def _prompt(order: str) -> tuple[list[int], list[list[int]]]:
+    """A system prompt, chunks A, B, C (distinct token runs) in `order`, a question."""
+    system, question = list(range(1000, 1064)), list(range(5000, 5040))
+    chunks = {name: list(range(2000 + 400 * i, 2000 + 400 * i + CHUNK)) for i, name in enumerate("ABC")}
+    ids, spans = list(system), []
+    for name in order:
+        spans.append([len(ids), len(ids) + CHUNK])
+        ids += chunks[name]
+    return ids + question, spans
+
+
+@pytest.fixture(scope="module")
+def flag_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory.mktemp("blend"), "off", "--enable-prefill-ext")
+
+
+def test_flag_off_chunk_spans_change_nothing(flag_off: Server) -> None:
+    ids, spans = _prompt("ABC")
+    plain = flag_off.generate(ids)
+    assert flag_off.generate(ids, chunk_spans=spans) == plain
+    assert flag_off.generate(ids, chunk_spans=[[5, 2]]) == plain  # malformed: dropped, as stock drops it
+    reordered, spans = _prompt("CAB")
+    assert flag_off.generate(reordered, chunk_spans=spans) == flag_off.generate(reordered)
+
+
+def test_ratio_one_is_the_full_prefill(tmp_path: Path, flag_off: Server) -> None:
+    _blend_served()
+    first, spans = _prompt("ABC")
+    second, reordered = _prompt("CAB")
+    full = flag_off.generate(second)
+    argv = ("--enable-prefill-ext", "--prefill-ext-blend", "--prefill-ext-blend-recompute-ratio", "1")
+    for server in _serve(tmp_path, "ratio1", *argv):
+        server.generate(first, chunk_spans=spans)  # stores A, B, C
+        assert server.generate(second, chunk_spans=reordered) == full
+
+
+def test_a_reordered_set_runs_the_ratio_s_heads(tmp_path: Path) -> None:
+    _blend_served()
+    log = tmp_path / "requests.jsonl"
+    argv = ("--enable-prefill-ext", "--prefill-ext-blend", "--prefill-ext-blend-recompute-ratio", "0.15")
+    for server in _serve(tmp_path, "ratio015", *argv, "--prefill-ext-log", str(log)):
+        first, spans = _prompt("ABC")
+        server.generate(first, chunk_spans=spans, rid="abc")
+        second, reordered = _prompt("CAB")
+        server.generate(second, chunk_spans=reordered, rid="cab")
+    lines = {r["rid"]: r for r in map(json.loads, log.read_text().splitlines()) if "rid" in r}
+    # the store hit all three: one pass per chunk head (ceil(0.15 * 256) = 39 tokens) and one for the
+    # question, the system prompt matched in the tree (the log's reused / recomputed counts: to add)
+    assert lines["abc"]["chunks"] == 1
+    assert lines["cab"]["chunks"] == 4
+    assert lines["cab"]["cached_tokens"] >= 64
+
+
+def test_malformed_spans_get_a_400(tmp_path: Path) -> None:
+    _blend_served()
+    for server in _serve(tmp_path, "blend", "--enable-prefill-ext", "--prefill-ext-blend"):
+        ids, _ = _prompt("AB")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            server.generate(ids, chunk_spans=[[0, 10], [5, 20]])
+        assert refused.value.code == 400
+        assert "starts before chunk_spans[0] ends (10)" in refused.value.read().decode()
