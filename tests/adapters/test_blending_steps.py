@@ -40,9 +40,13 @@ CHUNKS = {"A": list(range(10, 22)), "B": list(range(22, 30)), "C": [40, 41, 42, 
 
 
 @pytest.fixture
-def served(patched_sglang):
+def v0_5_17(patched_sglang) -> None:
     if patched_sglang.version != "0.5.17":
         pytest.skip("the blending steps are 0.5.17's")
+
+
+@pytest.fixture
+def served(v0_5_17) -> Server:
     return Server()
 
 
@@ -198,7 +202,7 @@ def test_a_pool_too_short_for_a_reused_run_computes_the_rest(served: Server) -> 
     served.check_idle()
 
 
-def test_paged_pools_are_refused_for_now(patched_sglang) -> None:
+def test_paged_pools_are_refused_for_now(v0_5_17) -> None:
     cache = PrefillExtRadixCache(HARNESS.cpu_cache_params("lru", 4, size=64))
     with pytest.raises(ValueError, match="needs --page-size 1"):
         Blending(cache, pool(64, 4), ROPE, 0.15)
