@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -77,6 +78,7 @@ class Server:
             self.proc.wait()
 
 
+@contextlib.contextmanager
 def _serve(tmp_path: Path, name: str, *argv: str) -> Iterator[Server]:
     server = Server(*argv, log=tmp_path / f"{name}.log")
     try:
@@ -103,7 +105,8 @@ def _prompt(order: str) -> tuple[list[int], list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def flag_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    yield from _serve(tmp_path_factory.mktemp("blend"), "off", "--enable-prefill-ext")
+    with _serve(tmp_path_factory.mktemp("blend"), "off", "--enable-prefill-ext") as server:
+        yield server
 
 
 def test_flag_off_chunk_spans_change_nothing(flag_off: Server) -> None:
@@ -121,7 +124,7 @@ def test_ratio_one_is_the_full_prefill(tmp_path: Path, flag_off: Server) -> None
     second, reordered = _prompt("CAB")
     full = flag_off.generate(second)
     argv = ("--enable-prefill-ext", "--prefill-ext-blend", "--prefill-ext-blend-recompute-ratio", "1")
-    for server in _serve(tmp_path, "ratio1", *argv):
+    with _serve(tmp_path, "ratio1", *argv) as server:
         server.generate(first, chunk_spans=spans)  # stores A, B, C
         assert server.generate(second, chunk_spans=reordered) == full
 
@@ -130,7 +133,7 @@ def test_a_reordered_set_runs_the_ratio_s_heads(tmp_path: Path) -> None:
     _blend_served()
     log = tmp_path / "requests.jsonl"
     argv = ("--enable-prefill-ext", "--prefill-ext-blend", "--prefill-ext-blend-recompute-ratio", "0.15")
-    for server in _serve(tmp_path, "ratio015", *argv, "--prefill-ext-log", str(log)):
+    with _serve(tmp_path, "ratio015", *argv, "--prefill-ext-log", str(log)) as server:
         first, spans = _prompt("ABC")
         server.generate(first, chunk_spans=spans, rid="abc")
         second, reordered = _prompt("CAB")
@@ -145,7 +148,7 @@ def test_a_reordered_set_runs_the_ratio_s_heads(tmp_path: Path) -> None:
 
 def test_malformed_spans_get_a_400(tmp_path: Path) -> None:
     _blend_served()
-    for server in _serve(tmp_path, "blend", "--enable-prefill-ext", "--prefill-ext-blend"):
+    with _serve(tmp_path, "blend", "--enable-prefill-ext", "--prefill-ext-blend") as server:
         ids, _ = _prompt("AB")
         with pytest.raises(urllib.error.HTTPError) as refused:
             server.generate(ids, chunk_spans=[[0, 10], [5, 20]])
