@@ -35,6 +35,7 @@ from sglang_prefill_ext.adapters import blend  # noqa: E402
 from sglang_prefill_ext.ops.rope import Rope  # noqa: E402
 from sglang_prefill_ext.radix.eviction import POLICIES  # noqa: E402
 from tests.ops.rotary import PLAIN, YARN, max_relative_error, rotated, sglang_rope  # noqa: E402
+from tests.radix.pool_slots import assert_one_owner, free_slots  # noqa: E402
 from tests.radix.profiles import StepCounter, machine_settings  # noqa: E402
 
 HARNESS = harness.current("testing")
@@ -220,22 +221,13 @@ class BlendServingMachine(RuleBasedStateMachine):
         assert all(e.alive for r in self.in_flight for e in r.admission.entries.values())
         StepCounter.count("blend")
 
-    def _free_slots(self) -> torch.Tensor:
-        pages = torch.cat(
-            [p for p in (self.allocator.free_pages, self.allocator.release_pages) if p is not None]
-        )
-        if self.page_size == 1:
-            return pages
-        return (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
-
     @invariant()
     def every_slot_has_one_owner(self) -> None:
         if not hasattr(self, "cache"):
             return
-        owned = [self._free_slots(), self.cache.all_values_flatten()] + [r.fresh for r in self.in_flight]
-        slots = torch.sort(torch.cat(owned).to(torch.int64)).values
-        first = self.page_size
-        assert torch.equal(slots, torch.arange(first, first + POOL_TOKENS)), "a slot leaked or is owned twice"
+        free = free_slots(self.allocator, self.page_size)
+        owned = [free, self.cache.all_values_flatten()] + [r.fresh for r in self.in_flight]
+        assert_one_owner(owned, self.page_size, POOL_TOKENS)
 
     @invariant()
     def sizes_are_what_is_held(self) -> None:

@@ -28,6 +28,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, Ma
 from sglang_prefill_ext import adapters, harness  # noqa: E402
 from sglang_prefill_ext.radix.eviction import POLICIES  # noqa: E402
 from sglang_prefill_ext.radix.node import Node  # noqa: E402
+from tests.radix.pool_slots import assert_one_owner, free_slots  # noqa: E402
 from tests.radix.profiles import StepCounter, machine_settings  # noqa: E402
 from tests.radix.strategies import NAMESPACES, PICKS, TOKENS, grow_key  # noqa: E402
 
@@ -182,24 +183,13 @@ class ChunkAccountingMachine(RuleBasedStateMachine):
         self.model.clear()
         StepCounter.count("chunks")
 
-    def _free_slots(self) -> torch.Tensor:
-        lists = (
-            self.allocator.free_pages,
-            self.allocator.release_pages,
-        )  # 0.5.23: release_pages None at first
-        pages = torch.cat([p for p in lists if p is not None])
-        if self.page_size == 1:
-            return pages
-        return (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
-
     @invariant()
     def every_slot_has_one_owner(self) -> None:
         if not hasattr(self, "cache"):
             return
-        owned = [self._free_slots(), self.cache.all_values_flatten()] + [r.fresh for r in self.in_flight]
-        slots = torch.sort(torch.cat(owned).to(torch.int64)).values
-        first = self.page_size  # slot 0's page is the allocator's padding
-        assert torch.equal(slots, torch.arange(first, first + POOL_TOKENS)), "a slot leaked or is owned twice"
+        free = free_slots(self.allocator, self.page_size)
+        owned = [free, self.cache.all_values_flatten()] + [r.fresh for r in self.in_flight]
+        assert_one_owner(owned, self.page_size, POOL_TOKENS)
 
     @invariant()
     def sizes_are_what_is_held(self) -> None:
