@@ -28,7 +28,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, Ma
 from sglang_prefill_ext import adapters, harness  # noqa: E402
 from sglang_prefill_ext.radix.eviction import POLICIES  # noqa: E402
 from sglang_prefill_ext.radix.node import Node  # noqa: E402
-from tests.radix.pool_slots import assert_one_owner, free_slots  # noqa: E402
+from tests.radix.pool_slots import PoolAccounting  # noqa: E402
 from tests.radix.profiles import StepCounter, machine_settings  # noqa: E402
 from tests.radix.strategies import NAMESPACES, PICKS, TOKENS, grow_key  # noqa: E402
 
@@ -49,7 +49,9 @@ class Request:
         self.fresh = torch.empty(0, dtype=torch.int64)
 
 
-class ChunkAccountingMachine(RuleBasedStateMachine):
+class ChunkAccountingMachine(PoolAccounting, RuleBasedStateMachine):
+    pool_tokens = POOL_TOKENS
+
     @initialize(page_size=st.sampled_from([1, 4]), policy=st.sampled_from(sorted(POLICIES)))
     def setup(self, page_size: int, policy: str) -> None:
         self.cache = PrefillExtRadixCache(HARNESS.cpu_cache_params(policy, page_size, size=POOL_TOKENS))
@@ -184,23 +186,9 @@ class ChunkAccountingMachine(RuleBasedStateMachine):
         StepCounter.count("chunks")
 
     @invariant()
-    def every_slot_has_one_owner(self) -> None:
+    def store_is_the_model(self) -> None:
         if not hasattr(self, "cache"):
             return
-        free = free_slots(self.allocator, self.page_size)
-        owned = [free, self.cache.all_values_flatten()] + [r.fresh for r in self.in_flight]
-        assert_one_owner(owned, self.page_size, POOL_TOKENS)
-
-    @invariant()
-    def sizes_are_what_is_held(self) -> None:
-        if not hasattr(self, "cache"):
-            return
-        held = list(self.cache.tree.nodes()) + list(self.store.entries())
-        assert self.cache.evictable_size() == sum(n.size for n in held if n.lock_ref == 0)
-        assert self.cache.protected_size() == sum(n.size for n in held if n.lock_ref > 0)
-        assert self.cache.total_size() == sum(n.size for n in held)
-        fresh = sum(len(r.fresh) for r in self.in_flight)
-        assert self.allocator.available_size() + self.cache.total_size() + fresh == POOL_TOKENS
         assert self.store.evictable == {e for e in self.store.entries() if e.lock_ref == 0}
         stored = {self._model_key(e): (e.value.tolist(), e.depth) for e in self.store.entries()}
         assert stored == self.model
