@@ -279,11 +279,7 @@ class PrefillExtScheduler:
         if self.between_slices and uncached > self.config.short_max_tokens:
             return True
         rem = adder.rem_chunk_tokens
-        if (
-            self._chunk_continues
-            and rem is not None
-            and uncached > rem
-        ):
+        if self._chunk_continues and rem is not None and uncached > rem:
             return True
         return self.runner.should_defer(req, self.position(req, len(req.full_untruncated_fill_ids)))
 

@@ -5,7 +5,9 @@ split_forward_count)` per forward, keeping the batch's `ForwardBatch` between fo
 uses it). `run_sliced` runs the sliced batch that way; after each slice but the last it receives
 requests and runs one pass of the scheduler's own (`between_slices`): a batch of the short requests
 waiting (nothing else is admitted, nothing chunked; SGLang's chunked request is hidden while it forms,
-so the sliced one is neither cached nor continued), else a decode step of the running batch. The sliced
+so the sliced one is neither cached nor continued), else a decode step of the running batch. The
+sliced request holds its chunk's KV slots throughout: its prefix stays locked in the tree, so a pass
+between slices that evicts cannot take them. The sliced
 request keeps its KV slots and its batch stays out of the running batch until its last slice, whose
 result is the pass's. A pass run between two slices overwrote the attention backend's per-batch
 metadata, so the next slice re-initializes it.
@@ -38,10 +40,15 @@ class SliceEngine(Protocol):
         """Receive the requests that arrived."""
 
     def run_pass(self, batch: ScheduleBatch) -> None:
-        """Run `batch` whole and process its result."""
+        """Run prefill batch `batch` whole and process its result."""
+
+    def decode_step(self) -> bool:
+        """Run a decode step of the running batch and process its result; False when nobody decodes."""
 
 
-def run_sliced(scheduler: Scheduler, glue: PrefillExtScheduler, batch: ScheduleBatch, engine: SliceEngine) -> Any:
+def run_sliced(
+    scheduler: Scheduler, glue: PrefillExtScheduler, batch: ScheduleBatch, engine: SliceEngine
+) -> Any:
     """Run `batch` in slices of `--prefill-ext-yield-layers` layers, one pass of the scheduler's own
     between two slices where one forms; the last slice's result, `batch` an extend batch again."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -71,17 +78,10 @@ def between_slices(scheduler: Scheduler, glue: PrefillExtScheduler, engine: Slic
         scheduler.chunked_req = hidden
     engine.running_batch = plan.running_batch
     batch = plan.batch_to_run
-    if batch is not None:
-        engine.run_pass(batch)
-        _join(engine, batch)
-        return True
-    running = engine.running_batch
-    if running.is_empty() or running.is_prefill_only:
-        return False
-    engine.running_batch = scheduler.update_running_batch(running)
-    if engine.running_batch.is_empty():
-        return False
-    engine.run_pass(engine.running_batch)
+    if batch is None:
+        return engine.decode_step()
+    engine.run_pass(batch)
+    _join(engine, batch)
     return True
 
 
@@ -113,7 +113,9 @@ class ServerEngine:
 
     def forward_slice(self, batch: ScheduleBatch, reinit: bool) -> Any:
         if reinit:  # what `forward_split_prefill(reinit_attn_backend=True)` does
-            self.scheduler.tp_worker.model_runner.attn_backend.init_forward_metadata(batch.split_forward_batch)
+            self.scheduler.tp_worker.model_runner.attn_backend.init_forward_metadata(
+                batch.split_forward_batch
+            )
         return self.scheduler.run_batch(batch)
 
     def receive(self) -> None:
@@ -122,3 +124,14 @@ class ServerEngine:
 
     def run_pass(self, batch: ScheduleBatch) -> None:
         self.scheduler.process_batch_result(batch, self.scheduler.run_batch(batch))
+
+    def decode_step(self) -> bool:
+        """`get_next_batch_to_run`'s decode step (retracting where the pool runs short)."""
+        s = self.scheduler
+        if s.running_batch.is_empty() or s.running_batch.is_prefill_only:
+            return False
+        s.running_batch = s.update_running_batch(s.running_batch)
+        if s.running_batch.is_empty():
+            return False
+        self.run_pass(s.running_batch)
+        return True

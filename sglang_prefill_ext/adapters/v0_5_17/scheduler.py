@@ -95,11 +95,15 @@ def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
     without a model, the CPU replay's, is not checked)."""
     glue = scheduling.build_scheduler(PrefillExtScheduler, scheduler, _owns_request_log)
     model = getattr(scheduler.tp_worker.model_runner, "model", None)
-    if glue is not None and glue.config.yield_layers and model is not None:
-        if not hasattr(model, "forward_split_prefill"):
-            raise OptionError(
-                f"{option_name('yield_layers')}: {type(model).__name__} has no forward_split_prefill"
-            )
+    if (
+        glue is not None
+        and glue.config.yield_layers
+        and model is not None
+        and not hasattr(model, "forward_split_prefill")
+    ):
+        raise OptionError(
+            f"{option_name('yield_layers')}: {type(model).__name__} has no forward_split_prefill"
+        )
     return glue
 
 
