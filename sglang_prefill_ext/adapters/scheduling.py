@@ -320,6 +320,7 @@ class PrefillExtScheduler:
                 reqs=reqs,
                 riding=self._riding,
                 synced=self._synced,
+                between_slices=self.between_slices,
             )
         )
 
