@@ -260,12 +260,12 @@ class _Timer(sr.SliceClock):
         )
 
     def slice(self, batch: ScheduleBatch, fraction: float) -> None:
+        self.check()  # here the pass between the last two slices has joined the running batch
         admitted = [(r.rid, *self.replay.kit.extend_range(r)) for r in batch.reqs]
         self._advance(fraction * self._pass_ms(admitted) + self.slice_gap_ms)
         self.clock_ms = self.gpu_free
 
     def passed(self, step: sr.StepRecord, decode: bool) -> None:
-        self.check()
         self.ran(step, decode)
         self.clock_ms = self.gpu_free
 
