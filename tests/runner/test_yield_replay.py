@@ -52,7 +52,9 @@ def slice_ms(mixed: ModuleType, tokens: int, context: int) -> float:
     return (COST.fixed_ms + COST.variable_ms(tokens, context)) * PER_SLICE / LAYERS + mixed.SLICE_GAP_MS
 
 
-def test_shorts_arriving_mid_chunk_wait_one_slice_not_the_chunk(replay: ModuleType, mixed: ModuleType) -> None:
+def test_shorts_arriving_mid_chunk_wait_one_slice_not_the_chunk(
+    replay: ModuleType, mixed: ModuleType
+) -> None:
     """The H200's worst mixed shorts: two arriving 22 and 40 ms into a 32K prompt's first 8K chunk.
     Unsliced they wait for the rest of the chunk; sliced, for the rest of the slice running when they
     come (the second also for the first's prefill and one more slice), then decode between the slices
