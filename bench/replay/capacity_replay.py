@@ -10,7 +10,9 @@ predictions go side by side: `python -m bench.serving.capacity compare <measured
 stock=OUT_DIR/stock.json ...`. Long requests are judged by stock default's time alone, the cost model
 with --alone-chunk (the GPU run's `--alone-from` its stock run). A variant slicing a lone prompt's pass
 (--prefill-ext-yield-layers) runs its slices on the clock: each its share of the pass plus --slice-gap-ms,
-a pass between two slices where the real scheduler forms one. Variants the replay cannot run
+a pass between two slices where the real scheduler forms one; a variant on the normal event loop
+(--disable-overlap-schedule) pays --sync-gap-ms between any two passes, as the overlap loop's synced
+lone chunks do. Variants the replay cannot run
 (PD-multiplexing: its own split prefill on two streams) are left out with a line saying so.
 
     python -m bench.replay.capacity_replay --out-dir out/replay
@@ -177,6 +179,7 @@ def sweep_variant(
                 decode_ms=a.decode_ms,
                 sync_gap_ms=a.sync_gap_ms,
                 slice_gap_ms=a.slice_gap_ms,
+                normal_gap_ms=0.0 if config.overlap else a.sync_gap_ms,
             )
             sweep.record(point_of(result, arrivals, factor, rate, seed, targets))
             p = sweep.points[-1]
@@ -221,7 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--alone-chunk", type=int, default=8192, help="stock default's chunk: the time alone")
     parser.add_argument("--decode-ms", type=float, default=mr.DECODE_MS)
     parser.add_argument(
-        "--sync-gap-ms", type=float, default=mr.SYNC_GAP_MS, help="GPU idle before a synced lone chunk"
+        "--sync-gap-ms",
+        type=float,
+        default=mr.SYNC_GAP_MS,
+        help="GPU idle before a synced lone chunk, and between any two passes of the normal event loop",
     )
     parser.add_argument(
         "--slice-gap-ms",

@@ -164,14 +164,17 @@ def run_timed(
     decode_ms: float = DECODE_MS,
     sync_gap_ms: float = SYNC_GAP_MS,
     slice_gap_ms: float = SLICE_GAP_MS,
+    normal_gap_ms: float = 0.0,
 ) -> TimedResult:
     """Replay `arrivals` on the simulated clock; each formed prefill batch lasts `cost`'s prediction,
     each decode step `decode_ms`, and a batch formed after the last one's result (no overlap for a lone
     prompt's chunk) starts `sync_gap_ms` after it. A pass run in layer slices (--prefill-ext-yield-layers)
     lasts its slices', each its share of the pass plus `slice_gap_ms`, with the requests that arrived by
-    a slice's end received there and the passes run between slices on the same clock."""
+    a slice's end received there and the passes run between slices on the same clock. Without overlap
+    each pass starts `normal_gap_ms` after the last one ended (the CPU's result processing and forming,
+    which the overlap loop hides; bench.replay.capacity_replay charges it the sync gap)."""
     replay = sr.ReplayScheduler(config)
-    timer = _Timer(arrivals, replay, cost, decode_ms, check_kv, slice_gap_ms)
+    timer = _Timer(arrivals, replay, cost, decode_ms, check_kv, slice_gap_ms, normal_gap_ms)
     runner = getattr(replay.scheduler, "prefill_ext_scheduler", None)
     if runner is not None:
         runner.clock = lambda: timer.clock_ms / 1e3
@@ -186,7 +189,7 @@ def run_timed(
             start = timer.ran(step, decode=not step.admitted)
             # The next batch is formed once this one is launched (overlap) or has finished.
             if not config.overlap:
-                timer.clock_ms = timer.gpu_free
+                timer.clock_ms = timer.gpu_free + normal_gap_ms
             elif replay.forms_after_result():
                 timer.clock_ms = timer.gpu_free + sync_gap_ms
             else:
@@ -228,10 +231,11 @@ class _Timer(sr.SliceClock):
         decode_ms: float,
         check_kv: bool,
         slice_gap_ms: float,
+        normal_gap_ms: float,
     ) -> None:
         self.todo = list(arrivals)
         self.replay, self.cost, self.decode_ms, self.check_kv = replay, cost, decode_ms, check_kv
-        self.slice_gap_ms = slice_gap_ms
+        self.slice_gap_ms, self.normal_gap_ms = slice_gap_ms, normal_gap_ms
         self.lengths = {a.req.rid: len(a.req.tokens) for a in arrivals}
         self.clock_ms = self.gpu_free = self.busy = 0.0
         self.arrived: dict[str, float] = {}
@@ -266,6 +270,7 @@ class _Timer(sr.SliceClock):
         self.clock_ms = self.gpu_free
 
     def passed(self, step: sr.StepRecord, decode: bool) -> None:
+        self.clock_ms = self.gpu_free + self.normal_gap_ms  # formed once the last slice ended
         self.ran(step, decode)
         self.clock_ms = self.gpu_free
 
