@@ -177,10 +177,9 @@ class PrefillExtScheduler:
     def slices(self, batch: Any, running_batch: Any) -> bool:
         """Run `batch` in layer slices (--prefill-ext-yield-layers)? True for a lone long prompt's
         prefill pass: one request bringing more than --prefill-ext-short-max-tokens new tokens, nobody
-        decoding (so no decode waits for the slices), not itself formed between slices."""
+        decoding (so no decode waits for the slices)."""
         return (
             self.config.yield_layers > 0
-            and not self.between_slices
             and batch.forward_mode.is_extend()
             and not batch.forward_mode.is_mixed()
             and len(batch.reqs) == 1

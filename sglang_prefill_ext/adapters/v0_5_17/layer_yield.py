@@ -56,8 +56,8 @@ def run_sliced(
     layers = scheduler.model_config.num_hidden_layers
     batch.forward_mode, batch.split_index = ForwardMode.SPLIT_PREFILL, 0
     reinit = False
-    for _, end in layer_slices(layers, glue.config.yield_layers):
-        batch.split_forward_count = end - batch.split_index
+    for start, end in layer_slices(layers, glue.config.yield_layers):
+        batch.split_forward_count = end - start
         result = engine.forward_slice(batch, reinit)
         batch.split_index = end
         reinit = end < layers and between_slices(scheduler, glue, engine)
