@@ -274,13 +274,18 @@ class PrefillExtScheduler:
         whole in the budget left (SGLang chunks one request at a time); between two layer slices of a
         lone prompt's pass, every request that is not short."""
         self._track(adder)
-        uncached = len(req.full_untruncated_fill_ids) - len(req.prefix_indices)
-        if self.between_slices and uncached > self.config.short_max_tokens:
+        if self.between_slices and self._uncached(req) > self.config.short_max_tokens:
             return True
         rem = adder.rem_chunk_tokens
-        if self._chunk_continues and rem is not None and uncached > rem:
+        if self._chunk_continues and rem is not None and self._uncached(req) > rem:
             return True
         return self.runner.should_defer(req, self.position(req, len(req.full_untruncated_fill_ids)))
+
+    @staticmethod
+    def _uncached(req: Req) -> int:
+        """What `req` computes this pass if admitted whole; read only under the 0.5.17-only chunk and
+        slice hooks, so in 0.5.17's spelling."""
+        return len(req.full_untruncated_fill_ids) - len(req.prefix_indices)
 
     def admitted(self, adder: Adder) -> None:
         """The pass's queue loop ended: track the last admissions, publish the counters."""
