@@ -55,9 +55,11 @@ def test_run_capacity_sweeps_every_variant_and_reports_the_one_that_did_not_star
         }
     assert set(runs) == {"stock", "stock_2048", "ext_gp", "ext_gp_yield"}
     assert runs["stock_2048"]["server"]["chunked_prefill_size"] == 2048  # the variant's flags reached it
-    argv = runs["ext_gp_yield"]["server"]["argv"]
-    assert "--disable-overlap-schedule" in argv
-    assert argv[argv.index("--prefill-ext-yield-layers") + 1] == "4"
+    env = (out / "env.txt").read_text()
+    assert (
+        "ext_gp_yield: --enable-prefill-ext --prefill-ext-tbt-target-ms 100 --disable-overlap-schedule "
+        in env
+    )
     # every variant judged by stock's time alone; each still measured its own
     stock_alone = runs["stock"]["calibration"]["alone_cost"]
     assert all(run["targets"]["alone_cost"] == stock_alone for run in runs.values())
