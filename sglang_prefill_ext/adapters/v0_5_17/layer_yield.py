@@ -6,11 +6,10 @@ uses it). `run_sliced` runs the sliced batch that way; after each slice but the 
 requests and runs one pass of the scheduler's own (`between_slices`): a batch of the short requests
 waiting (nothing else is admitted, nothing chunked; SGLang's chunked request is hidden while it forms,
 so the sliced one is neither cached nor continued), else a decode step of the running batch. The
-sliced request holds its chunk's KV slots throughout: its prefix stays locked in the tree, so a pass
-between slices that evicts cannot take them. The sliced
-request keeps its KV slots and its batch stays out of the running batch until its last slice, whose
-result is the pass's. A pass run between two slices overwrote the attention backend's per-batch
-metadata, so the next slice re-initializes it.
+sliced request holds its chunk's KV slots throughout (its prefix stays locked in the tree, so a pass
+between slices that evicts cannot take it) and its batch stays out of the running batch until its last
+slice, whose result is the pass's. A pass run between two slices overwrote the attention backend's
+per-batch metadata, so the next slice re-initializes it.
 
 What runs the forwards and processes the results is a `SliceEngine`: `ServerEngine` on the server
 (the normal event loop's own calls), the CPU replay's on a simulated clock.
