@@ -211,6 +211,15 @@ class PrefillExtConfig:
         "chunk boundaries loses the overlap of one scheduling step. false: the next chunk is formed ahead, "
         "as on stock.",
     )
+    yield_layers: int = _option(
+        0,
+        "N: a lone long prompt's prefill pass (one request of more than --prefill-ext-short-max-tokens new "
+        "tokens, nobody decoding) runs as SGLang's split prefill in slices of N layers; after each slice the "
+        "scheduler receives requests and runs one pass of its own before the next slice: a short request's "
+        "prefill (its decodes riding under mixed chunk), else a decode step of the requests decoding. The "
+        "sliced chunk keeps its KV slots and resumes with its attention metadata re-initialized; it runs "
+        "without a CUDA graph. Needs --disable-overlap-schedule. 0: off (whole passes, as on stock).",
+    )
     short_max_tokens: int = _option(
         4096,
         "Short requests first and goodput scheduling: a waiting request with at most this many uncached "

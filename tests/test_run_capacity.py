@@ -25,7 +25,7 @@ def test_run_capacity_sweeps_every_variant_and_reports_the_one_that_did_not_star
         "OUT": str(out),
         "SITE_EXT": str(tmp_path / "site-ext"),
         "GPUS": "0",
-        "VARIANTS": "stock stock_2048 ext_gp ext_broken",
+        "VARIANTS": "stock stock_2048 ext_gp ext_gp_yield ext_broken",
         "FLAGS_ext_broken": "--fail",
         "WORKLOADS": "mixed",
         "SERVER_ARGS": "--load-format dummy",
@@ -42,7 +42,7 @@ def test_run_capacity_sweeps_every_variant_and_reports_the_one_that_did_not_star
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     md = (out / "capacity.md").read_text()
-    for variant in ("stock", "stock_2048", "ext_gp"):
+    for variant in ("stock", "stock_2048", "ext_gp", "ext_gp_yield"):
         assert f"| {variant} | " in md
     assert "ext_broken: the server did not start (--fail)" in md
     assert "refusing to start" in md  # the end of its log
@@ -53,8 +53,13 @@ def test_run_capacity_sweeps_every_variant_and_reports_the_one_that_did_not_star
             for m in tar.getmembers()
             if m.name.endswith("capacity.json")
         }
-    assert set(runs) == {"stock", "stock_2048", "ext_gp"}
+    assert set(runs) == {"stock", "stock_2048", "ext_gp", "ext_gp_yield"}
     assert runs["stock_2048"]["server"]["chunked_prefill_size"] == 2048  # the variant's flags reached it
+    env = (out / "env.txt").read_text()
+    assert (
+        "ext_gp_yield: --enable-prefill-ext --prefill-ext-tbt-target-ms 100 --disable-overlap-schedule "
+        in env
+    )
     # every variant judged by stock's time alone; each still measured its own
     stock_alone = runs["stock"]["calibration"]["alone_cost"]
     assert all(run["targets"]["alone_cost"] == stock_alone for run in runs.values())

@@ -23,6 +23,9 @@ VARIANTS: dict[str, str] = {
     "ext_gp": GOODPUT,
     "ext_gp_ahead": f"{GOODPUT} --prefill-ext-lone-chunk-sync false",  # a lone chunk's next formed ahead
     "ext_gp_lone": f"{GOODPUT} --prefill-ext-lone-pass-ms 150",
+    # --prefill-ext-yield-layers runs in the normal event loop: ext_gp_normal is the same loop without slices
+    "ext_gp_normal": f"{GOODPUT} --disable-overlap-schedule",
+    "ext_gp_yield": f"{GOODPUT} --disable-overlap-schedule --prefill-ext-yield-layers 4",
 }
 
 

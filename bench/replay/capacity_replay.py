@@ -8,8 +8,12 @@ bench sends (bench/lib/arrivals.py), for the variants of bench/lib/variants.py.
 Writes OUT_DIR/<variant>.json in bench/serving/capacity.py's format, so the measured runs and these
 predictions go side by side: `python -m bench.serving.capacity compare <measured ...> --predicted
 stock=OUT_DIR/stock.json ...`. Long requests are judged by stock default's time alone, the cost model
-with --alone-chunk (the GPU run's `--alone-from` its stock run). Variants the replay cannot run
-(PD-multiplexing: no split prefill here) are left out with a line saying so.
+with --alone-chunk (the GPU run's `--alone-from` its stock run). A variant slicing a lone prompt's pass
+(--prefill-ext-yield-layers) runs its slices on the clock: each its share of the pass plus --slice-gap-ms,
+a pass between two slices where the real scheduler forms one; a variant on the normal event loop
+(--disable-overlap-schedule) pays --sync-gap-ms between any two passes, as the overlap loop's synced
+lone chunks do. Variants the replay cannot run
+(PD-multiplexing: its own split prefill on two streams) are left out with a line saying so.
 
     python -m bench.replay.capacity_replay --out-dir out/replay
     python -m bench.replay.capacity_replay --variants stock ext_gp --workloads mixed --per-point 100
@@ -156,6 +160,7 @@ def sweep_variant(
             "pass_cost_from": "--pass-cost" if a.pass_cost else str(a.pass_log),
             "decode_ms": a.decode_ms,
             "sync_gap_ms": a.sync_gap_ms,
+            "slice_gap_ms": a.slice_gap_ms,
             "overlap": config.overlap,
         },
         "targets": targets.as_dict(),
@@ -167,7 +172,15 @@ def sweep_variant(
         for factor, seed in sweep:
             arrivals, rate = make(shapes, factor, a.per_point, a.seed + seed)
             t0 = time.process_time()
-            result = mr.run_timed(arrivals, config, cost, decode_ms=a.decode_ms, sync_gap_ms=a.sync_gap_ms)
+            result = mr.run_timed(
+                arrivals,
+                config,
+                cost,
+                decode_ms=a.decode_ms,
+                sync_gap_ms=a.sync_gap_ms,
+                slice_gap_ms=a.slice_gap_ms,
+                normal_gap_ms=0.0 if config.overlap else a.sync_gap_ms,
+            )
             sweep.record(point_of(result, arrivals, factor, rate, seed, targets))
             p = sweep.points[-1]
             print(
@@ -211,7 +224,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--alone-chunk", type=int, default=8192, help="stock default's chunk: the time alone")
     parser.add_argument("--decode-ms", type=float, default=mr.DECODE_MS)
     parser.add_argument(
-        "--sync-gap-ms", type=float, default=mr.SYNC_GAP_MS, help="GPU idle before a synced lone chunk"
+        "--sync-gap-ms",
+        type=float,
+        default=mr.SYNC_GAP_MS,
+        help="GPU idle before a synced lone chunk, and between any two passes of the normal event loop",
+    )
+    parser.add_argument(
+        "--slice-gap-ms",
+        type=float,
+        default=mr.SLICE_GAP_MS,
+        help="what each layer slice adds to its share of a sliced pass (--prefill-ext-yield-layers)",
     )
     parser.add_argument("--pool-tokens", type=int, default=1 << 20, help="KV slots (the H200's ~700K at 0.8)")
     return parser
@@ -227,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.variants:
         flags = VARIANTS[name]
         if any(f in flags for f in UNREPLAYABLE):
-            print(f"{name}: not replayed ({flags}: no split prefill on the replay)", file=sys.stderr)
+            print(
+                f"{name}: not replayed ({flags}: PD-multiplexing's streams are not modelled)", file=sys.stderr
+            )
             continue
         result = sweep_variant(name, flags, a, cost, targets)
         (a.out_dir / f"{name}.json").write_text(json.dumps(result, indent=1))

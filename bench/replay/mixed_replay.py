@@ -31,7 +31,7 @@ import random
 import statistics
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.lib.arrivals import MixedPlan
 from bench.lib.goodput import Targets, Verdict, judge, summarize_goodput
@@ -39,12 +39,18 @@ from bench.replay import schedule_replay as sr
 from sglang_prefill_ext import harness
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
 # One decode step of a few requests, 8B shape on the H200: stock's 114 tok/s per request (mixed workload).
 DECODE_MS = 8.8
 # The GPU idles while the patched overlap loop forms a lone prompt's next chunk after the last one's
 # result (--prefill-ext-lone-chunk-sync): the CPU's result processing and batch forming, an estimate (the
 # H200 pass log shows ~8-10 ms from one pass's forming to the next's with the forward's launch between).
 SYNC_GAP_MS = 3.0
+# What a layer slice adds to its share of the pass (--prefill-ext-yield-layers): one more forward's launch
+# and, after a pass between slices, the attention metadata's re-init; an estimate, not measured yet.
+SLICE_GAP_MS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,86 +163,141 @@ def run_timed(
     check_kv: bool = False,
     decode_ms: float = DECODE_MS,
     sync_gap_ms: float = SYNC_GAP_MS,
+    slice_gap_ms: float = SLICE_GAP_MS,
+    normal_gap_ms: float = 0.0,
 ) -> TimedResult:
     """Replay `arrivals` on the simulated clock; each formed prefill batch lasts `cost`'s prediction,
     each decode step `decode_ms`, and a batch formed after the last one's result (no overlap for a lone
-    prompt's chunk) starts `sync_gap_ms` after it."""
+    prompt's chunk) starts `sync_gap_ms` after it. A pass run in layer slices (--prefill-ext-yield-layers)
+    lasts its slices', each its share of the pass plus `slice_gap_ms`, with the requests that arrived by
+    a slice's end received there and the passes run between slices on the same clock. Without overlap
+    each pass starts `normal_gap_ms` after the last one ended (the CPU's result processing and forming,
+    which the overlap loop hides; bench.replay.capacity_replay charges it the sync gap)."""
     replay = sr.ReplayScheduler(config)
+    timer = _Timer(arrivals, replay, cost, decode_ms, check_kv, slice_gap_ms, normal_gap_ms)
     runner = getattr(replay.scheduler, "prefill_ext_scheduler", None)
-    clock = {"ms": 0.0}
     if runner is not None:
-        runner.clock = lambda: clock["ms"] / 1e3
-    lengths = {a.req.rid: len(a.req.tokens) for a in arrivals}
-    arrived: dict[str, float] = {}
-    ttft: dict[str, float] = {}
-    e2e: dict[str, float] = {}
-    chunks: dict[str, int] = {}
-    cached: dict[str, int] = {}
-    token_ms: dict[str, list[float]] = {}
-    token_passes: dict[str, list[int]] = {}
-    forwards = 0
-    todo = list(arrivals)
-    gpu_free, busy, errors = 0.0, 0.0, []
-    while todo or replay.busy():
-        while todo and todo[0].ms <= clock["ms"]:
-            a = todo.pop(0)
-            replay.add(a.req)
-            arrived[a.req.rid] = a.ms
+        runner.clock = lambda: timer.clock_ms / 1e3
+    replay.slice_clock = timer
+    while timer.todo or replay.busy():
+        timer.receive()
         before, decoded, done = len(replay.steps), replay.decode_steps, set(replay.finished)
         replay.step()
         step = replay.steps[before]
-        if check_kv:
-            errors += replay.kv_accounting_errors()
+        timer.check()
         if step.admitted or replay.decode_steps > decoded:
-            start = max(clock["ms"], gpu_free)
-            ms = decode_ms
-            if step.admitted:
-                ms = cost.fixed_ms + sum(
-                    cost.variable_ms(end - begin, begin) for _, begin, end in step.admitted
-                )
-            gpu_free = start + ms
-            busy += ms
-            prompts = [(rid, end) for rid, _, end in step.admitted if rid not in step.riding]
-            for rid, begin, _ in step.admitted:
-                cached.setdefault(rid, begin)
-            for rid, end in prompts:
-                chunks[rid] = chunks.get(rid, 0) + 1
-                if end == lengths[rid] and rid not in ttft:
-                    ttft[rid] = gpu_free - arrived[rid]
-            last_chunks = [rid for rid, end in prompts if end == lengths[rid]]
-            for rid in last_chunks + step.decoded:
-                token_ms.setdefault(rid, []).append(gpu_free)
-                token_passes.setdefault(rid, []).append(forwards)
-            forwards += 1
+            start = timer.ran(step, decode=not step.admitted)
             # The next batch is formed once this one is launched (overlap) or has finished.
             if not config.overlap:
-                clock["ms"] = gpu_free
+                timer.clock_ms = timer.gpu_free + normal_gap_ms
             elif replay.forms_after_result():
-                clock["ms"] = gpu_free + sync_gap_ms
+                timer.clock_ms = timer.gpu_free + sync_gap_ms
             else:
-                clock["ms"] = start
-        elif todo and not replay.busy():
-            clock["ms"] = max(clock["ms"], todo[0].ms)
+                timer.clock_ms = start
+        elif timer.todo and not replay.busy():
+            timer.clock_ms = max(timer.clock_ms, timer.todo[0].ms)
         else:
-            clock["ms"] = max(clock["ms"], gpu_free)
+            timer.clock_ms = max(timer.clock_ms, timer.gpu_free)
         for rid in set(replay.finished) - done:  # its last token: the forward just predicted
-            e2e[rid] = gpu_free - arrived[rid]
+            timer.e2e[rid] = timer.gpu_free - timer.arrived[rid]
+    arrived, e2e = timer.arrived, timer.e2e
     return TimedResult(
         mode="",
-        ttft_ms=ttft,
+        ttft_ms=timer.ttft,
         e2e_ms=e2e,
-        tbt_ms={rid: [b - a for a, b in itertools.pairwise(ts)] for rid, ts in token_ms.items()},
-        token_passes=token_passes,
-        chunks=chunks,
-        cached=cached,
+        tbt_ms={rid: [b - a for a, b in itertools.pairwise(ts)] for rid, ts in timer.token_ms.items()},
+        token_passes=timer.token_passes,
+        chunks=timer.chunks,
+        cached=timer.cached,
         groups={a.req.rid: a.group for a in arrivals},
-        prompt_tokens=lengths,
+        prompt_tokens=timer.lengths,
         span_ms=max(arrived[rid] + ms for rid, ms in e2e.items()) - min(arrived.values()),
         passes=sum(1 for s in replay.steps if s.admitted),
         prefill_tokens=replay.prefill_tokens,
-        busy_ms=busy,
-        kv_errors=errors,
+        busy_ms=timer.busy,
+        kv_errors=timer.errors,
     )
+
+
+class _Timer(sr.SliceClock):
+    """`run_timed`'s simulated clock and what it records per request; as the replay's `SliceClock`,
+    it times a sliced pass's slices and the passes between them."""
+
+    def __init__(
+        self,
+        arrivals: Sequence[Arrival],
+        replay: sr.ReplayScheduler,
+        cost: PassCost,
+        decode_ms: float,
+        check_kv: bool,
+        slice_gap_ms: float,
+        normal_gap_ms: float,
+    ) -> None:
+        self.todo = list(arrivals)
+        self.replay, self.cost, self.decode_ms, self.check_kv = replay, cost, decode_ms, check_kv
+        self.slice_gap_ms, self.normal_gap_ms = slice_gap_ms, normal_gap_ms
+        self.lengths = {a.req.rid: len(a.req.tokens) for a in arrivals}
+        self.clock_ms = self.gpu_free = self.busy = 0.0
+        self.arrived: dict[str, float] = {}
+        self.ttft: dict[str, float] = {}
+        self.e2e: dict[str, float] = {}
+        self.chunks: dict[str, int] = {}
+        self.cached: dict[str, int] = {}
+        self.token_ms: dict[str, list[float]] = {}
+        self.token_passes: dict[str, list[int]] = {}
+        self.forwards = 0
+        self.errors: list[str] = []
+
+    def receive(self) -> None:
+        while self.todo and self.todo[0].ms <= self.clock_ms:
+            a = self.todo.pop(0)
+            self.replay.add(a.req)
+            self.arrived[a.req.rid] = a.ms
+
+    def check(self) -> None:
+        if self.check_kv:
+            self.errors += self.replay.kv_accounting_errors()
+
+    def _pass_ms(self, admitted: list[tuple[str, int, int]]) -> float:
+        return self.cost.fixed_ms + sum(
+            self.cost.variable_ms(end - begin, begin) for _, begin, end in admitted
+        )
+
+    def slice(self, batch: ScheduleBatch, fraction: float) -> None:
+        self.check()  # here the pass between the last two slices has joined the running batch
+        admitted = [(r.rid, *self.replay.kit.extend_range(r)) for r in batch.reqs]
+        self._advance(fraction * self._pass_ms(admitted) + self.slice_gap_ms)
+        self.clock_ms = self.gpu_free
+
+    def passed(self, step: sr.StepRecord, decode: bool) -> None:
+        self.clock_ms = self.gpu_free + self.normal_gap_ms  # formed once the last slice ended
+        self.ran(step, decode)
+        self.clock_ms = self.gpu_free
+
+    def _advance(self, ms: float) -> float:
+        start = max(self.clock_ms, self.gpu_free)
+        self.gpu_free = start + ms
+        self.busy += ms
+        return start
+
+    def ran(self, step: sr.StepRecord, decode: bool) -> float:
+        """A pass ran (a sliced one's slices already took their time): its tokens at its end; its start."""
+        start = self._advance(
+            0.0 if step.sliced else self.decode_ms if decode else self._pass_ms(step.admitted)
+        )
+        prompts = [(rid, end) for rid, _, end in step.admitted if rid not in step.riding]
+        for rid, begin, _ in step.admitted:
+            self.cached.setdefault(rid, begin)
+        for rid, end in prompts:
+            self.chunks[rid] = self.chunks.get(rid, 0) + 1
+            if end == self.lengths[rid] and rid not in self.ttft:
+                self.ttft[rid] = self.gpu_free - self.arrived[rid]
+        last_chunks = [rid for rid, end in prompts if end == self.lengths[rid]]
+        for rid in last_chunks + step.decoded:
+            self.token_ms.setdefault(rid, []).append(self.gpu_free)
+            self.token_passes.setdefault(rid, []).append(self.forwards)
+        self.forwards += 1
+        return start
 
 
 def _pct(values: list[float], q: float) -> float:

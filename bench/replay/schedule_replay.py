@@ -333,6 +333,8 @@ class ReplayConfig:
             "--pp-max-micro-batch-size",
             str(self.max_running_requests),
         ]
+        if not self.overlap:
+            argv.append("--disable-overlap-schedule")
         return argv + (["--enable-prefill-ext"] if self.ext else []) + list(self.extra_args)
 
 
@@ -346,6 +348,51 @@ class StepRecord:
     cpu_s: float
     decoded: list[str] = dataclasses.field(default_factory=list)
     riding: list[str] = dataclasses.field(default_factory=list)
+    sliced: bool = False  # run in layer slices (--prefill-ext-yield-layers), passes between them
+
+
+class SliceClock:
+    """What a sliced pass tells the replay's caller (`mixed_replay.run_timed`: its simulated clock):
+    a layer slice of a pass ran (`fraction` of its layers), a pass ran between two slices (its step
+    record; a decode step or a prefill pass), the scheduler receives requests. Here: nothing."""
+
+    def slice(self, batch: ScheduleBatch, fraction: float) -> None:
+        pass
+
+    def passed(self, step: StepRecord, decode: bool) -> None:
+        pass
+
+    def receive(self) -> None:
+        pass
+
+
+class _ReplayEngine:
+    """`layer_yield.SliceEngine` on the replay: no forward; results as `ReplayScheduler.step` makes them."""
+
+    def __init__(self, replay: ReplayScheduler) -> None:
+        self.replay = replay
+
+    @property
+    def running_batch(self) -> ScheduleBatch:
+        return self.replay.running_batch
+
+    @running_batch.setter
+    def running_batch(self, batch: ScheduleBatch) -> None:
+        self.replay.running_batch = batch
+
+    def forward_slice(self, batch: ScheduleBatch, reinit: bool) -> None:
+        self.replay.slice_clock.slice(
+            batch, batch.split_forward_count / self.replay.scheduler.model_config.num_hidden_layers
+        )
+
+    def receive(self) -> None:
+        self.replay.slice_clock.receive()
+
+    def run_pass(self, batch: ScheduleBatch) -> None:
+        self.replay.pass_between_slices(batch)
+
+    def decode_step(self) -> bool:
+        return self.replay.decode_between_slices()
 
 
 class ReplayScheduler:
@@ -370,6 +417,8 @@ class ReplayScheduler:
         self.prefill_tokens = 0
         self.finished: dict[str, object] = {}
         self._pending = None
+        self._sliced: ScheduleBatch | None = None  # the batch running in layer slices
+        self.slice_clock = SliceClock()
         self.decode_steps = 0
 
     # ----- requests in -----
@@ -398,7 +447,11 @@ class ReplayScheduler:
         batch = plan.batch_to_run
         self.running_batch = plan.running_batch  # emptied when a mixed chunk took its requests
         admitted = [] if batch is None else [(r.rid, *self.kit.extend_range(r)) for r in batch.reqs]
-        self.steps.append(StepRecord(admitted, cpu_s))
+        glue = getattr(s, "prefill_ext_scheduler", None)
+        sliced = batch is not None and glue is not None and glue.slices(batch, self.running_batch)
+        self.steps.append(StepRecord(admitted, cpu_s, sliced=sliced))
+        if sliced:
+            self._run_sliced(batch)
         decoding = riding = None
         if batch is not None:
             self.prefill_tokens += batch.extend_num_tokens
@@ -420,6 +473,39 @@ class ReplayScheduler:
             self._finish_decode(decoding)
         if batch is not None:
             self._join_running(batch)
+
+    def _run_sliced(self, batch: ScheduleBatch) -> None:
+        """The installed version's sliced run of `batch` (its adapter's `layer_yield`), on this replay."""
+        from sglang_prefill_ext import adapters
+
+        self._sliced = batch
+        try:
+            adapters.current("layer_yield").run_sliced(
+                self.scheduler, self.scheduler.prefill_ext_scheduler, batch, _ReplayEngine(self)
+            )
+        finally:
+            self._sliced = None
+
+    def pass_between_slices(self, batch: ScheduleBatch) -> None:
+        """A prefill pass between two layer slices: recorded, its result processed (no overlap)."""
+        admitted = [(r.rid, *self.kit.extend_range(r)) for r in batch.reqs]
+        riding = batch.decoding_reqs or []
+        self.prefill_tokens += batch.extend_num_tokens
+        step = StepRecord(admitted, 0.0, decoded=[r.rid for r in riding], riding=[r.rid for r in riding])
+        self.steps.append(step)
+        self._process_prefill_result(batch)
+        self.slice_clock.passed(step, decode=False)
+
+    def decode_between_slices(self) -> bool:
+        """A decode step between two layer slices, if anyone decodes."""
+        decoding = self._update_running_batch()
+        if decoding is None:
+            return False
+        step = StepRecord([], 0.0, decoded=[r.rid for r in decoding.reqs if not r.finished()])
+        self.steps.append(step)
+        self._finish_decode(decoding)
+        self.slice_clock.passed(step, decode=True)
+        return True
 
     def forms_after_result(self) -> bool:
         """The patched overlap loop's check before it forms the next batch (`forms_after_result` of the
@@ -515,6 +601,8 @@ class ReplayScheduler:
             live.append(s.chunked_req)
         if self._pending is not None:
             live.extend(r for r in self._pending.reqs if self.kit.holds_kv(r))
+        if self._sliced is not None:
+            live.extend(r for r in self._sliced.reqs if self.kit.holds_kv(r))
         live.extend(r for r in self.running_batch.reqs if self.kit.holds_kv(r))  # decoding
         owned = [self.kit.owned_slots(s, r) for r in dict.fromkeys(live)]
         return {

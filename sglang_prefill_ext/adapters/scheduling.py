@@ -111,6 +111,8 @@ class PrefillExtScheduler:
         )
         self.pass_budget = pass_budget(config, page_size)
         self.lone_chunk_sync = config.lone_chunk_sync and config.tbt_target_ms > 0
+        # True while a pass forms between two layer slices of a lone prompt's (--prefill-ext-yield-layers)
+        self.between_slices = False
         self.clock = time.monotonic  # the CPU replay substitutes its simulated clock
         self.mixed_chunk = mixed_chunk  # running requests' decode tokens ride each prefill pass
         self.log = JsonlLog(config.log) if config.log else None
@@ -172,6 +174,19 @@ class PrefillExtScheduler:
         )
         return self._synced
 
+    def slices(self, batch: Any, running_batch: Any) -> bool:
+        """Run `batch` in layer slices (--prefill-ext-yield-layers)? True for a lone long prompt's
+        prefill pass: one request bringing more than --prefill-ext-short-max-tokens new tokens, nobody
+        decoding (so no decode waits for the slices)."""
+        return (
+            self.config.yield_layers > 0
+            and batch.forward_mode.is_extend()
+            and not batch.forward_mode.is_mixed()
+            and len(batch.reqs) == 1
+            and batch.extend_num_tokens > self.config.short_max_tokens
+            and running_batch.is_empty()
+        )
+
     def calc_priority(self, waiting_queue: list[Req], running_batch: Any = None, **stock: Any) -> None:
         """In place of `SchedulePolicy.calc_priority` (`stock`: that version's further arguments)."""
         self.runner.begin_pass(waiting_queue, self.landed)
@@ -201,7 +216,7 @@ class PrefillExtScheduler:
         and `chunked_req` (SGLang's chunked request, if one continues this pass)."""
         config = self.config
         self._riding = decoding if self.mixed_chunk else 0
-        if chunked_prefill_size is None:
+        if chunked_prefill_size is None or self.between_slices:  # between slices: nobody is chunked
             self._plan = PassPlan(0)
             return None
         base = decode_adaptive_budget(
@@ -256,16 +271,21 @@ class PrefillExtScheduler:
     def defer(self, req: Req, adder: Adder) -> bool:
         """True when `req` waits this pass: its next uncached pages are being computed by an admitted
         request, or SGLang's chunked request continues after a capped chunk and `req` would not fit
-        whole in the budget left (SGLang chunks one request at a time)."""
+        whole in the budget left (SGLang chunks one request at a time); between two layer slices of a
+        lone prompt's pass, every request that is not short."""
         self._track(adder)
+        if self.between_slices and self._uncached(req) > self.config.short_max_tokens:
+            return True
         rem = adder.rem_chunk_tokens
-        if (
-            self._chunk_continues
-            and rem is not None
-            and len(req.full_untruncated_fill_ids) - len(req.prefix_indices) > rem
-        ):
+        if self._chunk_continues and rem is not None and self._uncached(req) > rem:
             return True
         return self.runner.should_defer(req, self.position(req, len(req.full_untruncated_fill_ids)))
+
+    @staticmethod
+    def _uncached(req: Req) -> int:
+        """What `req` computes this pass if admitted whole; read only under the 0.5.17-only chunk and
+        slice hooks, so in 0.5.17's spelling."""
+        return len(req.full_untruncated_fill_ids) - len(req.prefix_indices)
 
     def admitted(self, adder: Adder) -> None:
         """The pass's queue loop ended: track the last admissions, publish the counters."""
@@ -304,6 +324,7 @@ class PrefillExtScheduler:
                 reqs=reqs,
                 riding=self._riding,
                 synced=self._synced,
+                between_slices=self.between_slices,
             )
         )
 

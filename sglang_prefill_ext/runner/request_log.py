@@ -52,7 +52,9 @@ class PassRecord:
     """One prefill pass as scheduled: `t_ms` on the scheduler's monotonic clock; `reqs` lists, per
     admitted request, [new tokens, cached tokens, 1 if its prompt continues in a later chunk]; `riding`:
     running requests' decode tokens in the pass (mixed chunk); `synced`: formed after the last pass's
-    result (--prefill-ext-lone-chunk-sync), not while it ran. While the overlap loop is busy the
+    result (--prefill-ext-lone-chunk-sync), not while it ran; `between_slices`: formed between two layer
+    slices of a lone prompt's pass (--prefill-ext-yield-layers; such a pass and the slices around it do
+    not follow the gap rule below). While the overlap loop is busy the
     next pass is formed as this one is launched, and the one after once the last one finished: the gap
     from the next pass's `t_ms` to the one after it is this pass's forward time
     (bench/serving/fit_pass_cost.py fits the cost model to it)."""
@@ -67,6 +69,7 @@ class PassRecord:
     reqs: list[list[int]]
     riding: int = 0
     synced: bool = False
+    between_slices: bool = False
 
 
 class JsonlLog:

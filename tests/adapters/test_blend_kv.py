@@ -35,6 +35,7 @@ from sglang_prefill_ext.adapters import blend  # noqa: E402
 from sglang_prefill_ext.ops.rope import Rope  # noqa: E402
 from sglang_prefill_ext.radix.eviction import POLICIES  # noqa: E402
 from tests.ops.rotary import PLAIN, YARN, max_relative_error, rotated, sglang_rope  # noqa: E402
+from tests.radix.pool_slots import PoolAccounting  # noqa: E402
 from tests.radix.profiles import StepCounter, machine_settings  # noqa: E402
 
 HARNESS = harness.current("testing")
@@ -122,7 +123,9 @@ class Request:
         return torch.cat([self.matched, self.fresh])
 
 
-class BlendServingMachine(RuleBasedStateMachine):
+class BlendServingMachine(PoolAccounting, RuleBasedStateMachine):
+    pool_tokens = POOL_TOKENS
+
     @initialize(
         page_size=st.sampled_from([1, 4]),
         policy=st.sampled_from(sorted(POLICIES)),
@@ -219,33 +222,6 @@ class BlendServingMachine(RuleBasedStateMachine):
         self.cache.evict(EvictParams(num_tokens=num_tokens))
         assert all(e.alive for r in self.in_flight for e in r.admission.entries.values())
         StepCounter.count("blend")
-
-    def _free_slots(self) -> torch.Tensor:
-        pages = torch.cat(
-            [p for p in (self.allocator.free_pages, self.allocator.release_pages) if p is not None]
-        )
-        if self.page_size == 1:
-            return pages
-        return (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
-
-    @invariant()
-    def every_slot_has_one_owner(self) -> None:
-        if not hasattr(self, "cache"):
-            return
-        owned = [self._free_slots(), self.cache.all_values_flatten()] + [r.fresh for r in self.in_flight]
-        slots = torch.sort(torch.cat(owned).to(torch.int64)).values
-        first = self.page_size
-        assert torch.equal(slots, torch.arange(first, first + POOL_TOKENS)), "a slot leaked or is owned twice"
-
-    @invariant()
-    def sizes_are_what_is_held(self) -> None:
-        if not hasattr(self, "cache"):
-            return
-        held = list(self.cache.tree.nodes()) + list(self.cache.tree.chunks.entries())
-        assert self.cache.evictable_size() == sum(n.size for n in held if n.lock_ref == 0)
-        assert self.cache.protected_size() == sum(n.size for n in held if n.lock_ref > 0)
-        fresh = sum(len(r.fresh) for r in self.in_flight)
-        assert self.allocator.available_size() + self.cache.total_size() + fresh == POOL_TOKENS
 
     @invariant()
     def idle_pool_passes_sglangs_leak_check(self) -> None:

@@ -31,6 +31,10 @@ REFUSED = {
     "negative count": (ENABLE, "--prefill-ext-dedup-min-tokens", "-1"),
     "sparse on a backend it cannot serve": (ENABLE, "--prefill-ext-sparse", "--attention-backend", "triton"),
     "blend, not wired yet": (ENABLE, "--prefill-ext-blend"),
+    "layer slices under the overlap loop": (ENABLE, "--prefill-ext-yield-layers", "4"),
+    "layer slices with pdmux's own": (
+        *(ENABLE, "--prefill-ext-yield-layers", "4", "--disable-overlap-schedule", "--enable-pdmux"),
+    ),
 }
 
 

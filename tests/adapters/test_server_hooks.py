@@ -70,6 +70,7 @@ PORTED = adapters.current("hooks").PORTED_OPTIONS
         ("tbt_target_ms", "100"),
         ("lone_pass_ms", "150"),
         ("lone_chunk_sync", "false"),
+        ("yield_layers", "4"),
     ],
 )
 def test_options_not_ported_to_this_version_refused(

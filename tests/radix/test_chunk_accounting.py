@@ -28,6 +28,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, Ma
 from sglang_prefill_ext import adapters, harness  # noqa: E402
 from sglang_prefill_ext.radix.eviction import POLICIES  # noqa: E402
 from sglang_prefill_ext.radix.node import Node  # noqa: E402
+from tests.radix.pool_slots import PoolAccounting  # noqa: E402
 from tests.radix.profiles import StepCounter, machine_settings  # noqa: E402
 from tests.radix.strategies import NAMESPACES, PICKS, TOKENS, grow_key  # noqa: E402
 
@@ -48,7 +49,9 @@ class Request:
         self.fresh = torch.empty(0, dtype=torch.int64)
 
 
-class ChunkAccountingMachine(RuleBasedStateMachine):
+class ChunkAccountingMachine(PoolAccounting, RuleBasedStateMachine):
+    pool_tokens = POOL_TOKENS
+
     @initialize(page_size=st.sampled_from([1, 4]), policy=st.sampled_from(sorted(POLICIES)))
     def setup(self, page_size: int, policy: str) -> None:
         self.cache = PrefillExtRadixCache(HARNESS.cpu_cache_params(policy, page_size, size=POOL_TOKENS))
@@ -182,35 +185,10 @@ class ChunkAccountingMachine(RuleBasedStateMachine):
         self.model.clear()
         StepCounter.count("chunks")
 
-    def _free_slots(self) -> torch.Tensor:
-        lists = (
-            self.allocator.free_pages,
-            self.allocator.release_pages,
-        )  # 0.5.23: release_pages None at first
-        pages = torch.cat([p for p in lists if p is not None])
-        if self.page_size == 1:
-            return pages
-        return (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
-
     @invariant()
-    def every_slot_has_one_owner(self) -> None:
+    def store_is_the_model(self) -> None:
         if not hasattr(self, "cache"):
             return
-        owned = [self._free_slots(), self.cache.all_values_flatten()] + [r.fresh for r in self.in_flight]
-        slots = torch.sort(torch.cat(owned).to(torch.int64)).values
-        first = self.page_size  # slot 0's page is the allocator's padding
-        assert torch.equal(slots, torch.arange(first, first + POOL_TOKENS)), "a slot leaked or is owned twice"
-
-    @invariant()
-    def sizes_are_what_is_held(self) -> None:
-        if not hasattr(self, "cache"):
-            return
-        held = list(self.cache.tree.nodes()) + list(self.store.entries())
-        assert self.cache.evictable_size() == sum(n.size for n in held if n.lock_ref == 0)
-        assert self.cache.protected_size() == sum(n.size for n in held if n.lock_ref > 0)
-        assert self.cache.total_size() == sum(n.size for n in held)
-        fresh = sum(len(r.fresh) for r in self.in_flight)
-        assert self.allocator.available_size() + self.cache.total_size() + fresh == POOL_TOKENS
         assert self.store.evictable == {e for e in self.store.entries() if e.lock_ref == 0}
         stored = {self._model_key(e): (e.value.tolist(), e.depth) for e in self.store.entries()}
         assert stored == self.model

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_prefill_ext.adapters import common
 from sglang_prefill_ext.blend.spans import Span, parse_chunk_spans
+from sglang_prefill_ext.config import OptionError, option_name
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -30,6 +31,14 @@ CONFLICTING_FLAGS = common.conflicting_flags()
 PORTED_OPTIONS = None
 # The prefill attention backends the extension subclasses (`create_attention_backend`).
 ATTENTION_BACKENDS = ("flashinfer", "fa3")
+# What --prefill-ext-yield-layers cannot be combined with: ServerArgs field -> why. It slices in the
+# normal event loop, one forward stream, one model rank; pdmux owns split prefill itself.
+YIELD_LAYERS_CONFLICTS = {
+    "enable_pdmux": "--enable-pdmux (it runs its own split prefill)",
+    "speculative_algorithm": "--speculative-algorithm (a draft model's forwards are not sliced)",
+    "enable_dp_attention": "--enable-dp-attention (every DP rank would have to slice alike)",
+    "enable_two_batch_overlap": "--enable-two-batch-overlap",
+}
 
 
 def validate_server_args(server_args: ServerArgs) -> None:
@@ -37,6 +46,26 @@ def validate_server_args(server_args: ServerArgs) -> None:
     start of `ServerArgs.__post_init__`: an attention backend given by flag is checked here)."""
     common.validate_server_args(server_args, CONFLICTING_FLAGS, PORTED_OPTIONS, "0.5.17")
     common.validate_attention_backend(server_args, ATTENTION_BACKENDS)
+    validate_yield_layers(server_args)
+
+
+def validate_yield_layers(server_args: ServerArgs) -> None:
+    """Refuse --prefill-ext-yield-layers where the sliced pass could not run: the overlap event loop
+    (its pending result is not sliced), pipeline parallelism, or a YIELD_LAYERS_CONFLICTS flag."""
+    ext_config = common.prefill_ext_config(server_args)
+    if ext_config is None or not ext_config.yield_layers:
+        return
+    flag = option_name("yield_layers")
+    if not server_args.disable_overlap_schedule:
+        raise OptionError(
+            f"{flag} needs --disable-overlap-schedule (the slices run in SGLang's normal event loop; the "
+            "overlap loop's pending result is not sliced yet)"
+        )
+    found = [why for name, why in YIELD_LAYERS_CONFLICTS.items() if getattr(server_args, name, None)]
+    if server_args.pp_size > 1:
+        found.append("--pp-size above 1 (a slice's layers would span pipeline stages)")
+    if found:
+        raise OptionError(f"{flag} cannot be combined with: {'; '.join(found)}")
 
 
 def validate_resolved_server_args(server_args: ServerArgs) -> None:

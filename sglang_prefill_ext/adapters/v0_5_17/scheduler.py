@@ -16,6 +16,9 @@ Its overlap event loop asks `forms_after_result(last_batch, running_batch, chunk
 forms a batch: True processes the last batch's result first (and receives again), so a lone long
 prompt's next chunk is formed after its running chunk, with the requests that arrived meanwhile.
 
+Its normal event loop launches a batch with `run_batch(scheduler, batch)`: a lone long prompt's pass
+in layer slices under `--prefill-ext-yield-layers` (`layer_yield.run_sliced`), else stock's `run_batch`.
+
 The patched `release_kv_cache` (every finished or aborted request passes through it) calls
 `released(req, tree_cache)`: the request's `--prefill-ext-log` line, written by the scheduler that
 owns that tree cache.
@@ -28,14 +31,15 @@ module while SGLang's own modules are still loading.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sglang_prefill_ext.adapters import scheduling
+from sglang_prefill_ext.config import OptionError, option_name
 from sglang_prefill_ext.radix.tokens import as_token_array
 from sglang_prefill_ext.runner import Flight, Position
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.scheduler import Scheduler
 
 
@@ -86,8 +90,32 @@ def _owns_request_log(scheduler: Scheduler) -> bool:
 
 
 def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
-    """The scheduler's `PrefillExtScheduler` under `--enable-prefill-ext`, else None (stock scheduling)."""
-    return scheduling.build_scheduler(PrefillExtScheduler, scheduler, _owns_request_log)
+    """The scheduler's `PrefillExtScheduler` under `--enable-prefill-ext`, else None (stock scheduling).
+    OptionError where `--prefill-ext-yield-layers` meets a model without a split prefill (a scheduler
+    without a model, the CPU replay's, is not checked)."""
+    glue = scheduling.build_scheduler(PrefillExtScheduler, scheduler, _owns_request_log)
+    model = getattr(scheduler.tp_worker.model_runner, "model", None)
+    if (
+        glue is not None
+        and glue.config.yield_layers
+        and model is not None
+        and not hasattr(model, "forward_split_prefill")
+    ):
+        raise OptionError(
+            f"{option_name('yield_layers')}: {type(model).__name__} has no forward_split_prefill"
+        )
+    return glue
+
+
+def run_batch(scheduler: Scheduler, batch: ScheduleBatch) -> Any:
+    """The normal event loop's launch of `batch`: in layer slices where the extension's scheduler
+    says so (`PrefillExtScheduler.slices`), else `scheduler.run_batch(batch)`."""
+    glue = scheduler.prefill_ext_scheduler
+    if glue is None or not glue.slices(batch, scheduler.running_batch):
+        return scheduler.run_batch(batch)
+    from sglang_prefill_ext.adapters.v0_5_17.layer_yield import ServerEngine, run_sliced
+
+    return run_sliced(scheduler, glue, batch, ServerEngine(scheduler))
 
 
 released = scheduling.released

@@ -60,6 +60,8 @@ UNPORTED_WHY = {
     "lone_pass_ms": _NO_CHUNK_HOOK,
     "lone_chunk_sync": "it serves goodput scheduling, which needs the chunk-budget hook, and its overlap "
     "event loop has no lone-chunk hook either",
+    "yield_layers": "0.5.23 has SGLang's split prefill, but its scheduler patch has no hook where the "
+    "normal event loop launches a batch, and a pass between two layer slices needs the chunk-budget hook",
 }
 
 

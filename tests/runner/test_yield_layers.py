@@ -1,0 +1,126 @@
+"""A lone long prompt's pass in layer slices, a short request run between two slices
+(--prefill-ext-yield-layers), on real SGLang with a model forward: `sglang.Engine` on the CPU
+(tests/runner/engine_driver.py: a tiny random Llama of 8 layers, the normal event loop, the KV
+pools' strict busy and idle checks on), against the same engine stock and with the extension but no
+slicing. Three engines, started side by side once for the module (~30 s each)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_prefill_ext.patching import PatchSet
+from tests.runner import engine_driver
+from tests.runner.conftest import ported
+
+CHUNK = 256
+LONG = 1000  # four chunks: 256, 256, 256, 232
+SHORT = 40
+YIELD = {"yield_layers": 3, "short_max_tokens": 64}  # slices of layers [0, 3), [3, 6), [6, 8)
+ROUND_LONE, ROUND_SHORT = 0, 1
+
+pytestmark = ported("yield_layers")
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return [3 + (i * 7 + seed * 13) % 500 for i in range(n)]
+
+
+# round 0: a long prompt alone; round 1: another long prompt, then a short one arriving behind it
+ROUNDS = [[prompt(LONG, 1)], [prompt(LONG, 2), prompt(SHORT, 3)]]
+
+
+def serve(tmp: Path, name: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The driver's result for one engine (`options`: the extension's, None: stock), with the
+    extension's pass log and request log read back."""
+    logs = {"pass_log": str(tmp / f"{name}.passes.jsonl"), "log": str(tmp / f"{name}.requests.jsonl")}
+    server: dict[str, Any] = {"chunked_prefill_size": CHUNK}
+    if options is not None:
+        server |= {"enable_prefill_ext": True, "prefill_ext_options": {**options, **logs}}
+    run = tmp / f"{name}.json"
+    run.write_text(
+        json.dumps({"model": str(tmp / "model"), "server": server, "rounds": ROUNDS, "max_new_tokens": 8})
+    )
+    env = {**os.environ, **engine_driver.ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(engine_driver.STUBS), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.runner.engine_driver", str(run)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    for key in logs:
+        path = Path(logs[key])
+        result[key] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return result
+
+
+@pytest.fixture(scope="module")
+def served(patched_sglang: PatchSet, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("yield")
+    engine_driver.write_model(tmp / "model")
+    variants = {"stock": None, "ext": {}, "sliced": YIELD}
+    with ThreadPoolExecutor(max_workers=len(variants)) as pool:
+        futures = {name: pool.submit(serve, tmp, name, options) for name, options in variants.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def test_a_sliced_lone_prompt_gives_the_whole_passes_output(served: dict[str, dict[str, Any]]) -> None:
+    """Alone, each of its four chunks runs in three slices (nothing to run between them): the same greedy
+    tokens as stock's whole passes, and bit for bit the same logprobs."""
+    stock, sliced = served["stock"], served["sliced"]
+    assert sliced["outputs"][ROUND_LONE] == stock["outputs"][ROUND_LONE]
+    assert sliced["logprobs"][ROUND_LONE] == stock["logprobs"][ROUND_LONE]
+
+
+def test_a_short_arriving_behind_a_lone_chunk_runs_between_its_slices(
+    served: dict[str, dict[str, Any]],
+) -> None:
+    """The short request's prefill is a pass formed between two slices of one of the long prompt's
+    chunks (its first, unless the short arrives after it), so its first token comes sooner than without
+    slicing; both outputs are stock's (the long prompt's KV untouched by the pass in between)."""
+    stock, sliced = served["stock"], served["sliced"]
+    assert sliced["outputs"][ROUND_SHORT] == stock["outputs"][ROUND_SHORT]
+    # float32 rounding only: stock batches the two requests' passes differently (other matmul shapes)
+    for ours, theirs in zip(sliced["logprobs"][ROUND_SHORT], stock["logprobs"][ROUND_SHORT], strict=True):
+        assert ours == pytest.approx(theirs, rel=1e-5)
+    passes = sliced["pass_log"]
+    short = [i for i, p in enumerate(passes) if p["reqs"] == [[SHORT, 0, 0]]]
+    assert len(short) == 1 and passes[short[0]]["between_slices"]
+    firsts = [i for i, p in enumerate(passes) if p["reqs"] == [[CHUNK, 0, 1]]]
+    lasts = [i for i, p in enumerate(passes) if p["reqs"] == [[LONG - 3 * CHUNK, 3 * CHUNK, 0]]]
+    assert len(firsts) == len(lasts) == 2  # one each per long prompt
+    assert firsts[1] < short[0] < lasts[1]  # while the second long prompt's chunks ran
+    assert short_ttft_ms(sliced) < short_ttft_ms(served["ext"])  # unsliced: behind the long prompt's chunks
+
+
+def short_ttft_ms(result: dict[str, Any]) -> float:
+    (ttft,) = [r["ttft_ms"] for r in result["log"] if r["input_len"] == SHORT]
+    return ttft
+
+
+def test_the_pools_stay_exact_with_a_short_interleaved(served: dict[str, dict[str, Any]]) -> None:
+    """SGLang's strict pool checks ran every loop iteration and at idle (a leak or double free raises
+    there and the scheduler dies): the engine still serves, and no request ended in an error."""
+    sliced = served["sliced"]
+    assert sliced["alive"] == served["stock"]["alive"]
+    assert len(sliced["log"]) == 4 and all(r["error"] is None for r in sliced["log"])
+
+
+def test_without_the_flag_the_extension_serves_stocks_outputs_unsliced(
+    served: dict[str, dict[str, Any]],
+) -> None:
+    ext, stock = served["ext"], served["stock"]
+    assert ext["outputs"] == stock["outputs"]
+    assert ext["pass_log"] and not any(p["between_slices"] for p in ext["pass_log"])
