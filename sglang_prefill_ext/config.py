@@ -76,11 +76,6 @@ def _option(
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "check": check})
 
 
-# Options registered on every version but served by none yet: `PrefillExtConfig.from_options` refuses
-# each (tests/test_config.py holds it to that), and docs/FLAGS.md lists no SGLang version for them.
-UNSERVED_OPTIONS = frozenset({"blend", "blend_recompute_ratio"})
-
-
 @dataclasses.dataclass(frozen=True)
 class PrefillExtConfig:
     eviction: str | None = _option(
@@ -266,7 +261,7 @@ class PrefillExtConfig:
         False,
         "Chunk blending (CacheBlend-style, docs/BLEND.md): the KV of retrieved chunks a request marks "
         "(chunk_spans) reused wherever they recur, re-rotated to their new positions, a fraction of their "
-        "tokens recomputed. Not wired into the serving path yet: refused.",
+        "tokens recomputed. Needs --page-size 1 and chunked prefill.",
     )
     blend_recompute_ratio: float = _option(
         0.15,
@@ -309,14 +304,7 @@ class PrefillExtConfig:
             raise OptionError(f"{option_name('lone_pass_ms')} needs {option_name('tbt_target_ms')}")
         if config.log_fingerprints and not config.log:
             raise OptionError(f"{option_name('log_fingerprints')} needs {option_name('log')}")
-        if config.blend:
-            raise OptionError(
-                f"{option_name('blend')} is not wired into the serving path yet: no SGLang version's "
-                "scheduler takes a request's chunk_spans, runs its prompt as the blend plan's extends or "
-                "places the reused KV between them (the chunk store, the plan, the KV placement over "
-                "SGLang's pool and the reference recompute are built; docs/BLEND.md says what is left)"
-            )
-        if "blend_recompute_ratio" in options:
+        if "blend_recompute_ratio" in options and not config.blend:
             raise OptionError(f"{option_name('blend_recompute_ratio')} needs {option_name('blend')}")
         return config
 

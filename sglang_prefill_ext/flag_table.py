@@ -20,9 +20,7 @@ REGENERATE = "python -m sglang_prefill_ext.cli flags --markdown > docs/FLAGS.md"
 
 def _versions(name: str | None) -> str:
     """The supported SGLang versions that serve flag `name` (None: the enable flag, every version;
-    a version's PORTED_OPTIONS None: it serves every flag; an unserved option: none)."""
-    if name in config.UNSERVED_OPTIONS:
-        return "none yet (refused)"
+    a version's PORTED_OPTIONS None: it serves every flag)."""
     served = []
     for version in supported_versions():
         ported = for_version(version, "hooks").PORTED_OPTIONS

@@ -15,7 +15,6 @@ from sglang_prefill_ext.config import (
     FLAGS,
     FLAGS_BY_NAME,
     OPTIONS_DEST,
-    UNSERVED_OPTIONS,
     OptionError,
     PrefillExtConfig,
     add_cli_args,
@@ -179,26 +178,12 @@ def test_fingerprints_need_the_request_log() -> None:
     assert (config.fingerprint_block, config.fingerprint_salt) == (256, "")
 
 
-@pytest.mark.parametrize("name", sorted(UNSERVED_OPTIONS))
-def test_every_unserved_option_is_refused(name: str) -> None:
-    """docs/FLAGS.md lists no version for these: given any value, alone or with --prefill-ext-blend."""
-    value = {"bool": True, "float": 0.5}[type(getattr(PrefillExtConfig, name)).__name__]
-    for options in ({name: value}, {name: value, "blend": True}):
-        with pytest.raises(OptionError):
-            PrefillExtConfig.from_options(options)
-
-
-def test_blend_is_refused_until_it_is_wired() -> None:
-    """Its store and kernel exist, the serving path does not use them: the flag says so rather than
-    serve stock under its name."""
-    with pytest.raises(OptionError) as refused:
-        PrefillExtConfig.from_options(getattr(parse("--prefill-ext-blend"), OPTIONS_DEST))
-    assert str(refused.value) == (
-        "--prefill-ext-blend is not wired into the serving path yet: no SGLang version's scheduler takes "
-        "a request's chunk_spans, runs its prompt as the blend plan's extends or places the reused KV "
-        "between them (the chunk store, the plan, the KV placement over SGLang's pool and the reference "
-        "recompute are built; docs/BLEND.md says what is left)"
-    )
+def test_blend_and_its_ratio() -> None:
+    """--prefill-ext-blend parses (the versions that serve it: docs/FLAGS.md); its ratio needs it."""
+    config = PrefillExtConfig.from_options(getattr(parse("--prefill-ext-blend"), OPTIONS_DEST))
+    assert (config.blend, config.blend_recompute_ratio) == (True, 0.15)
+    argv = ("--prefill-ext-blend", "--prefill-ext-blend-recompute-ratio", "0.5")
+    assert PrefillExtConfig.from_options(getattr(parse(*argv), OPTIONS_DEST)).blend_recompute_ratio == 0.5
     with pytest.raises(OptionError, match="^--prefill-ext-blend-recompute-ratio needs --prefill-ext-blend$"):
         PrefillExtConfig.from_options({"blend_recompute_ratio": 0.2})
     with pytest.raises(OptionError, match=r"^--prefill-ext-blend-recompute-ratio=1.5: must lie in \[0, 1\]$"):

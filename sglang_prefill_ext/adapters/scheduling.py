@@ -246,7 +246,7 @@ class PrefillExtScheduler:
     def add_chunked_req(self, adder: Adder, req: Req) -> Req | None:
         """`adder.add_chunked_req(req)`, its chunk capped by this pass's plan; the rest of the pass's
         budget stays for the requests the queue loop admits after it."""
-        cap = self._plan.long_cap
+        cap = self._long_cap(req)
         if cap is None or adder.rem_chunk_tokens is None:
             return adder.add_chunked_req(req)
         rest = adder.rem_chunk_tokens - cap
@@ -257,6 +257,10 @@ class PrefillExtScheduler:
             adder.rem_chunk_tokens += rest
         self._chunk_continues = left is not None
         return left
+
+    def _long_cap(self, req: Req) -> int | None:
+        """The most tokens continuing chunked `req` may compute this pass (None: SGLang's budget)."""
+        return self._plan.long_cap
 
     def _touch(self, req: Req) -> None:
         self.tree_cache.tree.touch(req.last_node)
@@ -381,8 +385,15 @@ class PrefillExtScheduler:
         if self.log is not None and self.config.log_fingerprints:
             self.log.write(FlushRecord(flush_ms=round(1e3 * time.perf_counter(), 3)))
 
+    def _finish(self, req: Req) -> dict[str, int] | None:
+        """`req` leaves: a version's own clean-up, and what its log line's `blend` says (None: nothing)."""
+        return None
+
     def released(self, req: Req) -> None:
-        """`req` finished or was aborted: its log line."""
+        """`req` finished or was aborted: its clean-up, then its log line."""
+        blend = self._finish(req)
+        if self.log is None:
+            return
         stats = req.time_stats
         reason = req.finished_reason
         tally = self._tallies.pop(req, None) or RequestTally(0)
@@ -399,6 +410,7 @@ class PrefillExtScheduler:
             ttft_ms=_ms(stats.wait_queue_entry_time, stats.prefill_finished_time),
             output_tokens=len(req.output_ids),
             error=getattr(reason, "message", None),
+            blend=blend,
         )
         config = self.config
         if config.log_fingerprints:
@@ -445,9 +457,9 @@ def build_scheduler(cls: type[S], scheduler: Any, owns_request_log: Callable[[An
 
 
 def released(req: Req, tree_cache: Any) -> None:
-    """`release_kv_cache`'s hook (every finished or aborted request passes there): `req`'s
-    `--prefill-ext-log` line, written by the scheduler that owns `tree_cache` (none: the flag is off,
-    so the cache is stock, or this scheduler keeps no log)."""
+    """`release_kv_cache`'s hook (every finished or aborted request passes there): `req`'s clean-up
+    and `--prefill-ext-log` line by the scheduler that owns `tree_cache` (none: the flag is off, so
+    the cache is stock)."""
     glue = getattr(tree_cache, "prefill_ext_scheduler", None)
-    if glue is not None and glue.log is not None:
+    if glue is not None:
         glue.released(req)

@@ -48,6 +48,19 @@ class Run:
 
 
 @dataclasses.dataclass(frozen=True)
+class BlendCounts:
+    """What a plan does with the chunk tokens past the tree's match (a request's log line): of
+    `chunk_tokens` marked there, `reused_tokens` come from the store, `recomputed_tokens` are computed
+    in the `hits` chunks that reuse the rest (their heads, and the prompt's last token), and the
+    others, of chunks the store missed or a plan computes whole, are computed."""
+
+    chunk_tokens: int
+    hits: int
+    reused_tokens: int
+    recomputed_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
 class BlendPlan:
     """The positions past the tree's match, in runs; `stores`: the looked-up spans that missed, to be
     stored once computed; `exact_len`: how far the prompt's KV is exact (what the tree may take)."""
@@ -65,6 +78,18 @@ class BlendPlan:
     def extends(self) -> tuple[Run, ...]:
         """The computed runs: one forward pass each, in order, the reused run before each written first."""
         return tuple(run for run in self.runs if not run.reused)
+
+    def counts(self, spans: tuple[Span, ...]) -> BlendCounts:
+        """The plan's `BlendCounts` for the prompt's `spans`."""
+        reused = [run for run in self.runs if run.reused]
+        hit_spans = {run.span for run in reused}
+        hit_tokens = sum(spans[i][1] - spans[i][0] for i in hit_spans)  # type: ignore[index]
+        return BlendCounts(
+            chunk_tokens=sum(max(end - max(start, self.prefix_len), 0) for start, end in spans),
+            hits=len(hit_spans),
+            reused_tokens=self.reused_tokens,
+            recomputed_tokens=hit_tokens - self.reused_tokens,
+        )
 
     def computed_from(self, position: int) -> BlendPlan:
         """This plan with everything from `position` (a run's start) on computed instead."""

@@ -25,6 +25,8 @@ class RequestRecord:
     ttft_ms: float
     output_tokens: int
     error: str | None
+    # under --prefill-ext-blend, a request with chunk_spans: `blend.plan.BlendCounts` as a dict
+    blend: dict[str, int] | None = dataclasses.field(default=None, kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from sglang_prefill_ext import adapters, harness  # noqa: E402
 from sglang_prefill_ext.adapters.v0_5_17.blending import Blending  # noqa: E402
+from sglang_prefill_ext.blend.plan import BlendCounts  # noqa: E402
 from tests.adapters.test_blend_kv import ROPE, Oracle, pool  # noqa: E402
 
 HARNESS = harness.current("testing")
@@ -171,7 +172,9 @@ def test_an_abort_between_passes_stores_nothing_and_frees_the_placed_run(served:
     served.run_pass(req)
     served.cache.cache_unfinished_req(req, chunked=True)
     assert served.blending.place_next(req)
-    assert served.blending.finish(req, completed=False) == 0
+    counts = served.blending.finish(req, completed=False)
+    # B and A reused but for their heads (ceil(0.25 n): 2 and 3), C computed whole (a miss)
+    assert counts == BlendCounts(chunk_tokens=8 + 12 + 9, hits=2, reused_tokens=6 + 9, recomputed_tokens=5)
     req.finished_reason = "abort"
     release_kv_cache(req, served.cache)
     assert len(served.cache.tree.chunks) == stored  # C missed, but its prefill never ran

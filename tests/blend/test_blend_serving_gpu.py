@@ -5,10 +5,10 @@
 - flag off: a request's `chunk_spans` (valid or malformed) changes nothing: the same greedy ids as the
   same request without it, on a server without `--prefill-ext-blend` (its greedy identity with stock
   itself is `run_real.sh`'s);
-- under `--prefill-ext-blend`, while it is refused (`config.UNSERVED_OPTIONS`), these skip saying so:
-  ratio 1 gives the full prefill's greedy ids; a reordered chunk set runs as the ratio's heads and the
-  question (its `--prefill-ext-log` line's `chunks`: one pass each); malformed spans get a 400 with
-  `parse_chunk_spans`'s message.
+- under `--prefill-ext-blend`: ratio 1 gives the full prefill's greedy ids; a reordered chunk set runs
+  as the ratio's heads and the question (its `--prefill-ext-log` line: `chunks`, one pass each, and
+  `blend`, the tokens reused and recomputed); malformed spans get a 400 with `parse_chunk_spans`'s
+  message. The same on the CPU, on a tiny model: tests/blend/test_blend_serving.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 
 from bench.lib.client import http_json, wait_healthy
-from sglang_prefill_ext import config
 
 pytestmark = pytest.mark.gpu
 
@@ -87,11 +86,6 @@ def _serve(tmp_path: Path, name: str, *argv: str) -> Iterator[Server]:
         server.stop()
 
 
-def _blend_served() -> None:
-    if "blend" in config.UNSERVED_OPTIONS:
-        pytest.skip("--prefill-ext-blend is still refused (config.UNSERVED_OPTIONS; docs/BLEND.md)")
-
-
 def _prompt(order: str) -> tuple[list[int], list[list[int]]]:
     """A system prompt, chunks A, B, C (distinct token runs) in `order`, a question."""
     system, question = list(range(1000, 1064)), list(range(5000, 5040))
@@ -119,7 +113,6 @@ def test_flag_off_chunk_spans_change_nothing(flag_off: Server) -> None:
 
 
 def test_ratio_one_is_the_full_prefill(tmp_path: Path, flag_off: Server) -> None:
-    _blend_served()
     first, spans = _prompt("ABC")
     second, reordered = _prompt("CAB")
     full = flag_off.generate(second)
@@ -130,7 +123,6 @@ def test_ratio_one_is_the_full_prefill(tmp_path: Path, flag_off: Server) -> None
 
 
 def test_a_reordered_set_runs_the_ratio_s_heads(tmp_path: Path) -> None:
-    _blend_served()
     log = tmp_path / "requests.jsonl"
     argv = ("--enable-prefill-ext", "--prefill-ext-blend", "--prefill-ext-blend-recompute-ratio", "0.15")
     with _serve(tmp_path, "ratio015", *argv, "--prefill-ext-log", str(log)) as server:
@@ -140,14 +132,25 @@ def test_a_reordered_set_runs_the_ratio_s_heads(tmp_path: Path) -> None:
         server.generate(second, chunk_spans=reordered, rid="cab")
     lines = {r["rid"]: r for r in map(json.loads, log.read_text().splitlines()) if "rid" in r}
     # the store hit all three: one pass per chunk head (ceil(0.15 * 256) = 39 tokens) and one for the
-    # question, the system prompt matched in the tree (the log's reused / recomputed counts: to add)
+    # question, the system prompt matched in the tree
     assert lines["abc"]["chunks"] == 1
+    assert lines["abc"]["blend"] == {
+        "chunk_tokens": 3 * CHUNK,
+        "hits": 0,
+        "reused_tokens": 0,
+        "recomputed_tokens": 0,
+    }
     assert lines["cab"]["chunks"] == 4
     assert lines["cab"]["cached_tokens"] >= 64
+    assert lines["cab"]["blend"] == {
+        "chunk_tokens": 3 * CHUNK,
+        "hits": 3,
+        "reused_tokens": 3 * (CHUNK - 39),
+        "recomputed_tokens": 3 * 39,
+    }
 
 
 def test_malformed_spans_get_a_400(tmp_path: Path) -> None:
-    _blend_served()
     with _serve(tmp_path, "blend", "--enable-prefill-ext", "--prefill-ext-blend") as server:
         ids, _ = _prompt("AB")
         with pytest.raises(urllib.error.HTTPError) as refused:

@@ -1,12 +1,15 @@
-"""Chunk blending's steps on SGLang 0.5.17's chunked prefill (docs/BLEND.md, "What is left" 1).
+"""Chunk blending's steps on SGLang 0.5.17's chunked prefill (docs/BLEND.md, "Serving").
 
 A blended request runs its prompt as its plan's extends, one pass each, as SGLang's chunked request.
-No scheduler hook calls these yet; what each hook is to call, per request:
+The scheduler adapter (`scheduler.PrefillExtScheduler`) calls these, per request:
 
+- `mark(req, spans)` when the scheduler makes the `Req` (`handle_generate_request`);
 - `admit(req, spans)` once `PrefillAdder` admitted it (its prefix matched): look up, plan, lock
   (`adapters.blend.admit`); from then on the tree takes only its first `exact_len` tokens;
 - `extend_end(req)`: where its extend from `len(req.prefix_indices)` may end at most, the end of the
-  computed run that holds that position (the adder's `set_extend_range` end is capped to it);
+  computed run that holds that position (the adder's extend is capped to it);
+- `compute_from(req, position)`: everything from `position` on computed (no reuse there), for a
+  request that cannot run as SGLang's one chunked request;
 - `place_next(req)` between passes, after `cache_unfinished_req`: when the prefix ends where a reused
   run starts, that run gets slots of its own in the request's row, its KV is placed there, and it
   joins `prefix_indices` (the next extend's prefix) and the request's committed KV, so an abort frees
@@ -15,6 +18,7 @@ No scheduler hook calls these yet; what each hook is to call, per request:
   prefill completed (an aborted prefill's KV is not), and the reused entries are unlocked.
 
 Page size 1 only: on a paged allocator a placed run would have to continue the prefix's last page.
+`rope_of(model)` reads the RoPE the model's attention applies, for re-rotating reused keys.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
 from sglang_prefill_ext.adapters import blend
-from sglang_prefill_ext.blend.plan import Run
+from sglang_prefill_ext.blend.plan import BlendCounts, Run
 from sglang_prefill_ext.blend.spans import Span
-from sglang_prefill_ext.ops.rope import Rope
+from sglang_prefill_ext.config import OptionError, option_name
+from sglang_prefill_ext.ops.rope import Rope, Yarn
 from sglang_prefill_ext.radix.tokens import as_token_array
 
 if TYPE_CHECKING:
@@ -46,6 +51,15 @@ class Blending:
         blend.check_pool(pool)
         self.cache, self.pool, self.rope, self.ratio = cache, pool, rope, ratio
         self._admissions: weakref.WeakKeyDictionary[Req, blend.BlendAdmission] = weakref.WeakKeyDictionary()
+        self._spans: weakref.WeakKeyDictionary[Req, tuple[Span, ...]] = weakref.WeakKeyDictionary()
+
+    def mark(self, req: Req, spans: Any) -> None:
+        """`req`'s checked chunk spans (`TokenizedGenerateReqInput.chunk_spans`, lists after IPC)."""
+        if spans:
+            self._spans[req] = tuple((int(start), int(end)) for start, end in spans)
+
+    def spans(self, req: Req) -> tuple[Span, ...] | None:
+        return self._spans.get(req)
 
     def admission(self, req: Req) -> blend.BlendAdmission | None:
         return self._admissions.get(req)
@@ -68,6 +82,12 @@ class Blending:
         run = self._run_at(req)
         return len(req.origin_input_ids) if run is None or run.reused else run.end
 
+    def compute_from(self, req: Req, position: int) -> None:
+        """`req`'s plan with everything from `position` (a run's start) on computed."""
+        admission = self._admissions[req]
+        admission.plan = admission.plan.computed_from(position)
+        self.cache.exact_lens[req] = admission.exact_len
+
     def place_next(self, req: Req) -> bool:
         """Between passes: the reused run at `req`'s prefix end into slots of its own; False if there
         is none there, or the pool cannot hold it (that run and the rest are then computed)."""
@@ -81,8 +101,7 @@ class Blending:
             self.cache.evict(EvictParams(num_tokens=length - allocator.available_size()))
         slots = allocator.alloc(length)
         if slots is None:
-            admission.plan = admission.plan.computed_from(run.start)
-            self.cache.exact_lens[req] = admission.exact_len
+            self.compute_from(req, run.start)
             return False
         slots = slots.to(torch.int64)
         pool = self.cache.req_to_token_pool
@@ -93,14 +112,39 @@ class Blending:
         req.kv_committed_len = run.end
         return True
 
-    def finish(self, req: Req, completed: bool) -> int:
-        """Store the spans that missed (when `completed`), unlock the reused ones; how many were stored."""
+    def finish(self, req: Req, completed: bool) -> BlendCounts | None:
+        """Store the spans that missed (when `completed`), unlock the reused ones; what the plan did
+        with the chunk tokens (None: `req` was not admitted blended)."""
         admission = self._admissions.pop(req, None)
         if admission is None:
-            return 0
-        stored = 0
+            return None
         if completed:
             row = self.cache.req_to_token_pool.req_to_token[req.req_pool_idx]
-            stored = blend.store(self.cache, self.pool, admission, row)
+            blend.store(self.cache, self.pool, admission, row)
         blend.release(self.cache, admission)
-        return stored
+        return admission.plan.counts(admission.spans)
+
+
+def rope_of(model: Any) -> Rope:
+    """The RoPE of `model`'s attention (its first rotary module): plain or YaRN over the whole head,
+    neox layout. OptionError, by name, for any other (blending could not re-rotate its keys)."""
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+    from sglang.srt.layers.rotary_embedding.yarn import YaRNScalingRotaryEmbedding
+
+    rotary = next((m for m in model.modules() if isinstance(m, RotaryEmbedding)), None)
+    flag = option_name("blend")
+    if rotary is None or type(rotary) not in (RotaryEmbedding, YaRNScalingRotaryEmbedding):
+        raise OptionError(f"{flag} re-rotates plain and YaRN RoPE only, not {type(rotary).__name__}")
+    if rotary.rotary_dim != rotary.head_size or not rotary.is_neox_style:
+        raise OptionError(f"{flag} re-rotates RoPE over the whole head in the neox layout only")
+    yarn = None
+    if isinstance(rotary, YaRNScalingRotaryEmbedding):
+        yarn = Yarn(
+            rotary.scaling_factor,
+            rotary.max_position_embeddings,
+            rotary.beta_fast,
+            rotary.beta_slow,
+            rotary.extrapolation_factor,
+            rotary.truncate,
+        )
+    return Rope(rotary.head_size, float(rotary.base), yarn)

@@ -70,8 +70,31 @@ def validate_yield_layers(server_args: ServerArgs) -> None:
 
 def validate_resolved_server_args(server_args: ServerArgs) -> None:
     """The same for what `ServerArgs.__post_init__` resolved (at its end, before any model loads): the
-    attention backend SGLang picked when none was given (fa3 for MHA models on Hopper)."""
+    attention backend SGLang picked when none was given (fa3 for MHA models on Hopper), the page size
+    and chunked prefill size."""
     common.validate_attention_backend(server_args, ATTENTION_BACKENDS)
+    validate_blend(server_args)
+
+
+def validate_blend(server_args: ServerArgs) -> None:
+    """Refuse --prefill-ext-blend where its plan could not run: a blended request's extends are SGLang's
+    chunked prefill passes over one-token pages, on one model rank, without a draft model."""
+    ext_config = common.prefill_ext_config(server_args)
+    if ext_config is None or not ext_config.blend:
+        return
+    found = []
+    if server_args.page_size != 1:
+        found.append(f"--page-size {server_args.page_size} (a placed chunk would continue a page)")
+    if server_args.chunked_prefill_size is None or server_args.chunked_prefill_size <= 0:
+        found.append("chunked prefill off (--chunked-prefill-size: a blend plan's extends are its chunks)")
+    if server_args.speculative_algorithm:
+        found.append("--speculative-algorithm (a draft model's KV is not blended)")
+    if server_args.pp_size > 1:
+        found.append("--pp-size above 1")
+    if server_args.enable_dp_attention:
+        found.append("--enable-dp-attention")
+    if found:
+        raise OptionError(f"{option_name('blend')} cannot be served with: {'; '.join(found)}")
 
 
 def build_tree_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:

@@ -20,8 +20,16 @@ Its normal event loop launches a batch with `run_batch(scheduler, batch)`: a lon
 in layer slices under `--prefill-ext-yield-layers` (`layer_yield.run_sliced`), else stock's `run_batch`.
 
 The patched `release_kv_cache` (every finished or aborted request passes through it) calls
-`released(req, tree_cache)`: the request's `--prefill-ext-log` line, written by the scheduler that
-owns that tree cache.
+`released(req, tree_cache)`: the request's clean-up and `--prefill-ext-log` line, by the scheduler
+that owns that tree cache.
+
+Under `--prefill-ext-blend` (`blending.Blending`): `handle_generate_request` passes each new `Req`
+to `received(scheduler, req, recv_req)`, which keeps its chunk spans. A request with spans is
+admitted blended when the queue loop admits it: its extend is cut at its plan's first computed run
+and it becomes the adder's chunked request; each later pass, `add_chunked_req` first places the
+reused run its prefix ends at, then caps the extend at the next computed run's end. SGLang chunks one
+request at a time, so a request whose plan needs more than one pass while another is chunked is
+computed from its match on (its missed chunks still stored). `released` stores and unlocks.
 
 What 0.5.17 spells its own way (where a request's match ends, when its pages landed, how stock
 matches a waiting request) is read here; the rest is `adapters.scheduling`, shared with 0.5.23, and
@@ -31,6 +39,7 @@ module while SGLang's own modules are still loading.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from sglang_prefill_ext.adapters import scheduling
@@ -39,8 +48,12 @@ from sglang_prefill_ext.radix.tokens import as_token_array
 from sglang_prefill_ext.runner import Flight, Position
 
 if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_prefill_ext.adapters.v0_5_17.blending import Blending
 
 
 def landed(flight: Flight) -> bool:
@@ -63,16 +76,66 @@ def position(req: Req, length: int) -> Position:
 class PrefillExtScheduler(scheduling.PrefillExtScheduler):
     landed = staticmethod(landed)
     position = staticmethod(position)
+    blending: Blending | None = None  # under --prefill-ext-blend
+    _continuing: Req | None = None  # this pass's continuing chunked request, once added
 
     @staticmethod
     def _extend_end(req: Req) -> int:
         return req.extend_range.end
 
+    def add_chunked_req(self, adder: PrefillAdder, req: Req) -> Req | None:
+        if self.blending is not None and self.blending.admission(req) is not None:
+            self.blending.place_next(req)
+        self._continuing = super().add_chunked_req(adder, req)
+        return self._continuing
+
+    def _long_cap(self, req: Req) -> int | None:
+        cap = super()._long_cap(req)
+        if self.blending is None or self.blending.admission(req) is None:
+            return cap
+        run = self.blending.extend_end(req) - len(req.prefix_indices)
+        return run if cap is None else min(cap, run)
+
+    def admitted(self, adder: PrefillAdder) -> None:
+        super().admitted(adder)
+        self._continuing = None
+
     def _chunk_end(self, req: Req) -> int:
+        if self.blending is not None:
+            self._admit_blended(req)
         end = self._aligned_end(req)
         if end != req.extend_range.end:
             req.set_extend_range(req.extend_range.start, end)
         return end
+
+    def _admit_blended(self, req: Req) -> None:
+        """Just admitted, `req` with chunk spans runs its blend plan: its extend cut at the first
+        computed run's end, it becomes the adder's chunked request; computed whole where it cannot
+        (another request is chunked this pass). A request asking for its prompt's logprobs is not
+        blended (the reused tokens' would be missing)."""
+        blending, adder = self.blending, self._adder
+        spans = blending.spans(req)
+        if spans is None or blending.admission(req) is not None:
+            return
+        if req.return_logprob and req.logprob_start_len >= 0:
+            return
+        blending.admit(req, spans)
+        start, end = req.extend_range.start, req.extend_range.end
+        cut = blending.extend_end(req)
+        if cut >= end:
+            return
+        if self._continuing is None and adder.new_chunked_req in (None, req):
+            req.set_extend_range(start, cut)
+            adder.new_chunked_req = req
+            self._chunk_continues = True  # later requests this pass must not be chunked
+        else:
+            blending.compute_from(req, start)
+
+    def _finish(self, req: Req) -> dict[str, int] | None:
+        if self.blending is None:
+            return None
+        counts = self.blending.finish(req, completed=bool(req.output_ids))
+        return None if counts is None else dataclasses.asdict(counts)
 
     def _match(self, req: Req) -> int:
         from sglang.srt.managers.schedule_policy import match_prefix_for_req
@@ -95,16 +158,27 @@ def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
     without a model, the CPU replay's, is not checked)."""
     glue = scheduling.build_scheduler(PrefillExtScheduler, scheduler, _owns_request_log)
     model = getattr(scheduler.tp_worker.model_runner, "model", None)
-    if (
-        glue is not None
-        and glue.config.yield_layers
-        and model is not None
-        and not hasattr(model, "forward_split_prefill")
-    ):
+    if glue is None or model is None:
+        return glue
+    if glue.config.yield_layers and not hasattr(model, "forward_split_prefill"):
         raise OptionError(
             f"{option_name('yield_layers')}: {type(model).__name__} has no forward_split_prefill"
         )
+    if glue.config.blend:
+        from sglang_prefill_ext.adapters.v0_5_17.blending import Blending, rope_of
+
+        pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
+        glue.blending = Blending(
+            scheduler.tree_cache, pool, rope_of(model), glue.config.blend_recompute_ratio
+        )
     return glue
+
+
+def received(scheduler: Scheduler, req: Req, recv_req: TokenizedGenerateReqInput) -> None:
+    """`handle_generate_request` made `req`: under --prefill-ext-blend, keep its chunk spans."""
+    glue = scheduler.prefill_ext_scheduler
+    if glue is not None and glue.blending is not None:
+        glue.blending.mark(req, recv_req.chunk_spans)
 
 
 def run_batch(scheduler: Scheduler, batch: ScheduleBatch) -> Any:

@@ -54,6 +54,12 @@ PORTED_OPTIONS = frozenset(
 # Why the pass budgets are not: 0.5.23's scheduler patch has no `chunk_budget` / `add_chunked_req`
 # hook (its PrefillAdder is built and the chunked request added in code the patch does not touch yet).
 _NO_CHUNK_HOOK = "its scheduler patch has no chunk-budget hook yet"
+# Chunk blending: a blend plan's extends also need the chunk-budget hook (the chunked request's extend
+# capped to each computed run), and 0.5.23's request objects carry no chunk_spans.
+_NO_BLEND = (
+    "its request objects carry no chunk_spans and its scheduler patch has no chunk-budget hook to run "
+    "a blend plan's extends"
+)
 UNPORTED_WHY = {
     "tbt_target_ms": _NO_CHUNK_HOOK,
     "pass_budget_ms": _NO_CHUNK_HOOK,
@@ -62,6 +68,8 @@ UNPORTED_WHY = {
     "event loop has no lone-chunk hook either",
     "yield_layers": "0.5.23 has SGLang's split prefill, but its scheduler patch has no hook where the "
     "normal event loop launches a batch, and a pass between two layer slices needs the chunk-budget hook",
+    "blend": _NO_BLEND,
+    "blend_recompute_ratio": _NO_BLEND,
 }
 
 
