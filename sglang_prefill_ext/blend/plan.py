@@ -1,7 +1,8 @@
 """A blended request's prefill as ordinary extends over the blended KV (docs/BLEND.md, the serving plan).
 
 Under the fixed rule (`select.fixed_ratio`) the tokens a request computes are contiguous runs: the
-text between chunks, each reused chunk's head (its first ceil(ratio * n) tokens) and the tail of a
+text between chunks, each reused chunk's head (its first ceil(ratio * n) tokens: past the tree's
+match, where it holds a chunk's head already), the first token past the match, and the tail of a
 chunk shorter than a page. Between two runs lies a reused run, whose KV comes from the store (K
 re-rotated, V copied). Attention is causal, so a computed row never reads a later row: running the
 computed runs one after another, each as a plain extend whose prefix is every earlier slot (reused
@@ -51,8 +52,8 @@ class Run:
 class BlendCounts:
     """What a plan does with the chunk tokens past the tree's match (a request's log line): of
     `chunk_tokens` marked there, `reused_tokens` come from the store, `recomputed_tokens` are computed
-    in the `hits` chunks that reuse the rest (their heads, and the prompt's last token), and the
-    others, of chunks the store missed or a plan computes whole, are computed."""
+    in the `hits` chunks that reuse the rest (their heads past the match, and the prompt's last
+    token), and the others, of chunks the store missed or a plan computes whole, are computed."""
 
     chunk_tokens: int
     hits: int
@@ -83,7 +84,7 @@ class BlendPlan:
         """The plan's `BlendCounts` for the prompt's `spans`."""
         reused = [run for run in self.runs if run.reused]
         hit_spans = {run.span for run in reused}
-        hit_tokens = sum(spans[i][1] - spans[i][0] for i in hit_spans)  # type: ignore[index]
+        hit_tokens = sum(spans[i][1] - max(spans[i][0], self.prefix_len) for i in hit_spans)  # type: ignore[index]
         return BlendCounts(
             chunk_tokens=sum(max(end - max(start, self.prefix_len), 0) for start, end in spans),
             hits=len(hit_spans),
@@ -99,11 +100,12 @@ class BlendPlan:
 
 
 def lookups(spans: tuple[Span, ...], prefix_len: int, page_size: int) -> tuple[Lookup, ...]:
-    """The spans to look up: wholly past the matched prefix, with at least one page of tokens."""
+    """The spans to look up: not wholly in the matched prefix, with at least one page of tokens. A
+    span the match ends in (its head in the tree from an earlier blended request) reuses past it."""
     found = []
     for index, (start, end) in enumerate(spans):
         length = (end - start) // page_size * page_size
-        if start >= prefix_len and length:
+        if end > prefix_len and length:
             found.append(Lookup(index, start, length))
     return tuple(found)
 
@@ -132,12 +134,14 @@ def plan(
         head = math.ceil(ratio * (end - start))
         # the prompt's last token is always computed: its logits are the first output token
         reuse_end = min(start + lookup.length, prompt_len - 1)
-        if start + head >= reuse_end:
+        # the first run is computed: a server's first extend starts the request (no slots before it)
+        reuse_start = max(start + head, cursor + (not runs))
+        if reuse_start >= reuse_end:
             continue
-        if cursor < start + head:
-            runs.append(Run(cursor, start + head))
+        if cursor < reuse_start:
+            runs.append(Run(cursor, reuse_start))
         offset = hits[lookup.index] - start
-        runs.append(Run(start + head, reuse_end, lookup.index, start + head + offset))
+        runs.append(Run(reuse_start, reuse_end, lookup.index, reuse_start + offset))
         cursor = reuse_end
     runs.append(Run(cursor, prompt_len))
     first_reused = next((run.start for run in runs if run.reused), prompt_len)

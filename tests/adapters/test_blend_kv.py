@@ -189,11 +189,14 @@ class BlendServingMachine(PoolAccounting, RuleBasedStateMachine):
         StepCounter.count("blend")
 
     def _check_recompute(self, admission: blend.BlendAdmission, spans: tuple) -> None:
-        """Each reused chunk recomputes its first ceil(ratio * n) tokens, no more, no fewer."""
+        """Each reused chunk recomputes its first ceil(ratio * n) tokens, no more, no fewer, but for
+        those the tree's match holds (a chunk's head stays in the tree after a blended request) and
+        the first token past the match (the first extend's)."""
         for run in admission.plan.runs:
             if run.reused:
                 start, end = spans[run.span]
-                assert run.start - start == math.ceil(self.ratio * (end - start))
+                head = start + math.ceil(self.ratio * (end - start))
+                assert run.start == max(head, admission.plan.prefix_len + 1)
                 assert admission.entries[run.span].lock_ref > 0
         if self.ratio == 1.0:
             assert admission.plan.reused_tokens == 0

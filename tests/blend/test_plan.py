@@ -12,7 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sglang_prefill_ext.blend.plan import Lookup, lookups, plan
+from sglang_prefill_ext.blend.plan import BlendCounts, Lookup, lookups, plan
 from sglang_prefill_ext.blend.prefill import Decoder, Rule, blended_prefill, cached_chunk, reused_kv
 from sglang_prefill_ext.blend.select import fixed_ratio
 from sglang_prefill_ext.blend.spans import Span
@@ -46,7 +46,7 @@ def test_runs_tile_the_unmatched_positions_and_compute_the_fixed_rules_tokens(ca
     assert result.runs[0].start == prefix_len and result.runs[-1].end == prompt_len
     assert all(a.end == b.start for a, b in zip(result.runs, result.runs[1:], strict=False))
     assert all(run.start < run.end for run in result.runs)
-    assert not result.runs[-1].reused  # the last token's logits are computed
+    assert not result.runs[0].reused and not result.runs[-1].reused
     computed = torch.zeros(prompt_len, dtype=torch.bool)
     for run in result.extends:
         computed[run.start : run.end] = True
@@ -61,7 +61,7 @@ def test_runs_tile_the_unmatched_positions_and_compute_the_fixed_rules_tokens(ca
         if all(lookup.index != index for lookup in asked):
             expected[start:end] = True
     expected[:prefix_len] = False
-    expected[prompt_len - 1] = True
+    expected[prefix_len] = expected[prompt_len - 1] = True  # the first extend's first, the last logits
     assert computed.tolist() == expected.tolist()
     assert result.reused_tokens == int((~computed[prefix_len:]).sum())
     for run in result.runs:
@@ -72,10 +72,21 @@ def test_runs_tile_the_unmatched_positions_and_compute_the_fixed_rules_tokens(ca
     assert result.exact_len == next((run.start for run in result.runs if run.reused), prompt_len)
 
 
-def test_lookups_skip_matched_and_sub_page_spans() -> None:
+def test_lookups_skip_wholly_matched_and_sub_page_spans() -> None:
     spans = ((0, 10), (10, 13), (13, 30))
-    assert lookups(spans, 5, 4) == (Lookup(2, 13, 16),)
+    assert lookups(spans, 5, 4) == (Lookup(0, 0, 8), Lookup(2, 13, 16))
+    assert lookups(spans, 10, 4) == (Lookup(2, 13, 16),)
     assert lookups(spans, 0, 1) == (Lookup(0, 0, 10), Lookup(1, 10, 3), Lookup(2, 13, 17))
+
+
+def test_a_span_the_match_ends_in_reuses_past_it() -> None:
+    """The tree holds a chunk's exact head (an earlier blended request's): the rest is reused but for
+    its first token past the match (a server's first extend starts the request)."""
+    spans = ((4, 20),)
+    result = plan(30, 10, spans, lookups(spans, 10, 1), {0: 4}, 0.25)
+    runs = [(run.start, run.end, run.cached_start) for run in result.runs]
+    assert runs == [(10, 11, None), (11, 20, 11), (20, 30, None)]
+    assert result.counts(spans) == BlendCounts(chunk_tokens=10, hits=1, reused_tokens=9, recomputed_tokens=1)
 
 
 def test_ratio_one_reuses_nothing_and_is_one_extend() -> None:

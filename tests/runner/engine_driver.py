@@ -1,22 +1,29 @@
 """Real SGLang on the CPU: `sglang.Engine` serving a tiny random Llama (its tokenizer
 manager, its scheduler's normal event loop, torch_native attention, float32), for the tests that need a
-model forward (tests/runner/test_yield_layers.py). It runs in a subprocess of its own, with
-`engine_stubs/` on its path (SGLang off CUDA imports vLLM's rotary kernel, which it never calls there):
+model forward (tests/runner/test_yield_layers.py, tests/blend/test_blend_serving.py). It runs in a
+subprocess of its own, with `engine_stubs/` on its path (SGLang off CUDA imports vLLM's rotary kernel,
+which it never calls there):
 
     python -m tests.runner.engine_driver RUN.json
 
 RUN.json: {"model": folder, "server": Engine keywords, "rounds": [[[token ids], ...], ...],
-"max_new_tokens": N}. Each round's prompts go in one `generate` call (in order: the first is admitted
-first), one round after the other. It prints one JSON line: per round, each prompt's greedy output ids
-and their logprobs; then, after the scheduler had time to run its idle check (strict: a leak raises
-there, SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE), one more request's output: `alive`.
+"max_new_tokens": N}, and optionally "spans": per round, each prompt's `chunk_spans` (or null), and
+"abort": {"round": R, "after_passes": P}: round R's one prompt is aborted once the extension's pass log
+(`--prefill-ext-pass-log`) has P more lines. Each round's prompts go in one `generate` call (in order:
+the first is admitted first), one round after the other. It prints one JSON line: per round, each
+prompt's greedy output ids, their logprobs and its finish reason, or the round's error (a
+`ValueError`: the HTTP server's 400); then, after the scheduler had time to run its idle check (strict:
+a leak raises there, SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE), one more request's output: `alive`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,36 @@ def write_model(folder: Path) -> Path:
     return folder
 
 
+def serve(tmp: Path, name: str, run: dict[str, Any], options: dict[str, Any] | None) -> dict[str, Any]:
+    """From a test: the driver's result for `run` (RUN.json's keys but "model", the one `write_model`
+    wrote in `tmp`) on an engine with the extension's `options` (None: stock), its `--prefill-ext-log`
+    and `--prefill-ext-pass-log` read back ("log", "pass_log": one dict a line)."""
+    import subprocess
+
+    logs = {"pass_log": str(tmp / f"{name}.passes.jsonl"), "log": str(tmp / f"{name}.requests.jsonl")}
+    server = dict(run["server"])
+    if options is not None:
+        server |= {"enable_prefill_ext": True, "prefill_ext_options": {**options, **logs}}
+    run_file = tmp / f"{name}.json"
+    run_file.write_text(json.dumps({**run, "model": str(tmp / "model"), "server": server}))
+    env = {**os.environ, **ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STUBS), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.runner.engine_driver", str(run_file)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    for key, path in logs.items():
+        lines = Path(path).read_text().splitlines() if Path(path).exists() else []
+        result[key] = [json.loads(line) for line in lines]
+    return result
+
+
 def engine_kwargs(model: str, server: dict[str, Any]) -> dict[str, Any]:
     return {
         "model_path": model,
@@ -60,17 +97,56 @@ def engine_kwargs(model: str, server: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def passes(run: dict[str, Any]) -> int:
+    """Lines in the extension's pass log so far (0 when it has none yet)."""
+    path = Path(run["server"].get("prefill_ext_options", {}).get("pass_log", ""))
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def generate(engine: Any, run: dict[str, Any], index: int) -> list[dict[str, Any]] | str:
+    """Round `index` as one batch, through the tokenizer manager as `Engine.generate` sends it (with
+    its `chunk_spans`); the `ValueError` it raises as text."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    prompts = run["rounds"][index]
+    spans = run.get("spans", [None] * len(run["rounds"]))[index]
+    obj = GenerateReqInput(
+        input_ids=prompts,
+        sampling_params={"max_new_tokens": run["max_new_tokens"], "temperature": 0.0},
+        return_logprob=True,
+        rid=[f"round{index}-{i}" for i in range(len(prompts))],
+        chunk_spans=spans,
+    )
+    abort = run.get("abort", {})
+
+    async def outputs() -> list[dict[str, Any]]:
+        start = passes(run)
+        task = asyncio.ensure_future(engine.tokenizer_manager.generate_request(obj, None).__anext__())
+        while abort.get("round") == index and not task.done():
+            if passes(run) - start >= abort["after_passes"]:
+                engine.tokenizer_manager.abort_request(obj.rid[0])
+                break
+            await asyncio.sleep(0.001)
+        return await task
+
+    try:
+        return engine.loop.run_until_complete(outputs())
+    except ValueError as error:
+        return str(error)
+
+
+def _each(outs: list[dict[str, Any]] | str, field: Callable[[dict[str, Any]], Any]) -> list[Any] | None:
+    """`field` of each prompt's output in a round; None for a round that raised."""
+    return None if isinstance(outs, str) else [field(out) for out in outs]
+
+
 def main(run_file: str) -> int:
     import sglang
 
     run = json.loads(Path(run_file).read_text())
     engine = sglang.Engine(**engine_kwargs(run["model"], run["server"]))
     try:
-        params = {"max_new_tokens": run["max_new_tokens"], "temperature": 0.0}
-        rounds = [
-            engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
-            for prompts in run["rounds"]
-        ]
+        rounds = [generate(engine, run, i) for i in range(len(run["rounds"]))]
         time.sleep(IDLE_CHECK_S)
         alive = engine.generate(
             input_ids=[3, 4, 5], sampling_params={"max_new_tokens": 2, "temperature": 0.0}
@@ -78,11 +154,13 @@ def main(run_file: str) -> int:
     finally:
         engine.shutdown()
     result = {
-        "outputs": [[out["output_ids"] for out in outs] for outs in rounds],
+        "outputs": [_each(outs, lambda out: out["output_ids"]) for outs in rounds],
         "logprobs": [
-            [[lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]] for out in outs]
+            _each(outs, lambda out: [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
             for outs in rounds
         ],
+        "finish": [_each(outs, lambda out: out["meta_info"]["finish_reason"]["type"]) for outs in rounds],
+        "errors": [outs if isinstance(outs, str) else None for outs in rounds],
         "alive": alive["output_ids"],
     }
     print(json.dumps(result))

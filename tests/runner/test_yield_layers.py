@@ -6,10 +6,6 @@ slicing. Three engines, started side by side once for the module (~30 s each).""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,32 +34,9 @@ ROUNDS = [[prompt(LONG, 1)], [prompt(LONG, 2), prompt(SHORT, 3)]]
 
 
 def serve(tmp: Path, name: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """The driver's result for one engine (`options`: the extension's, None: stock), with the
-    extension's pass log and request log read back."""
-    logs = {"pass_log": str(tmp / f"{name}.passes.jsonl"), "log": str(tmp / f"{name}.requests.jsonl")}
-    server: dict[str, Any] = {"chunked_prefill_size": CHUNK}
-    if options is not None:
-        server |= {"enable_prefill_ext": True, "prefill_ext_options": {**options, **logs}}
-    run = tmp / f"{name}.json"
-    run.write_text(
-        json.dumps({"model": str(tmp / "model"), "server": server, "rounds": ROUNDS, "max_new_tokens": 8})
-    )
-    env = {**os.environ, **engine_driver.ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(engine_driver.STUBS), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.runner.engine_driver", str(run)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    for key in logs:
-        path = Path(logs[key])
-        result[key] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return result
+    """The driver's result for one engine (`options`: the extension's, None: stock)."""
+    run = {"server": {"chunked_prefill_size": CHUNK}, "rounds": ROUNDS, "max_new_tokens": 8}
+    return engine_driver.serve(tmp, name, run, options)
 
 
 @pytest.fixture(scope="module")

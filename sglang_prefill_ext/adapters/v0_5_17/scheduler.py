@@ -112,12 +112,13 @@ class PrefillExtScheduler(scheduling.PrefillExtScheduler):
         """Just admitted, `req` with chunk spans runs its blend plan: its extend cut at the first
         computed run's end, it becomes the adder's chunked request; computed whole where it cannot
         (another request is chunked this pass). A request asking for its prompt's logprobs is not
-        blended (the reused tokens' would be missing)."""
+        blended (the reused tokens' would be missing; SGLang sets the start past the prompt for output
+        logprobs only)."""
         blending, adder = self.blending, self._adder
         spans = blending.spans(req)
         if spans is None or blending.admission(req) is not None:
             return
-        if req.return_logprob and req.logprob_start_len >= 0:
+        if req.return_logprob and 0 <= req.logprob_start_len < len(req.origin_input_ids):
             return
         blending.admit(req, spans)
         start, end = req.extend_range.start, req.extend_range.end

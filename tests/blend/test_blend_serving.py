@@ -1,0 +1,170 @@
+"""Chunk blending served by real SGLang 0.5.17 with a model forward: `sglang.Engine` on the CPU
+(tests/runner/engine_driver.py: a tiny random Llama of 8 layers, the normal event loop, the KV pools'
+strict busy and idle checks on), requests with `chunk_spans` through its tokenizer manager. Four
+engines, started side by side once for the module: stock, the extension without blending, and
+`--prefill-ext-blend` at ratios 1 and 0.25. A system prompt, 8 chunks of 40 tokens, a question."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from sglang_prefill_ext import adapters
+from sglang_prefill_ext.patching import PatchSet
+from tests.runner import engine_driver
+
+pytestmark = pytest.mark.skipif(
+    adapters.installed_version() != "0.5.17", reason="--prefill-ext-blend is served on SGLang 0.5.17 only"
+)
+
+SYSTEM, QUESTION, CHUNK = 32, 24, 40
+NAMES = "ABCDEFGH"
+RATIO = 0.25
+HEAD = math.ceil(RATIO * CHUNK)  # each reused chunk's recomputed head: 10 tokens
+
+
+def prompt(order: str) -> tuple[list[int], list[list[int]]]:
+    """The system prompt, the chunks in `order` (each its own token run), the question; its spans."""
+    ids, spans = [3 + i for i in range(SYSTEM)], []
+    for name in order:
+        start = 40 + CHUNK * NAMES.index(name)
+        spans.append([len(ids), len(ids) + CHUNK])
+        ids += list(range(start, start + CHUNK))
+    return ids + [400 + i for i in range(QUESTION)], spans
+
+
+FIRST, FIRST_SPANS = prompt(NAMES)
+SECOND, SECOND_SPANS = prompt("HCAGBFDE")
+THIRD, THIRD_SPANS = prompt("DGAHCEBF")
+MALFORMED = [[SYSTEM, SYSTEM + CHUNK], [SYSTEM + 10, SYSTEM + 20]]  # the second starts inside the first
+
+# stock and the extension without --prefill-ext-blend: each prompt without and with its spans, then
+# with malformed ones (dropped, as stock drops an unknown field)
+OFF_ROUNDS = [[FIRST], [FIRST], [SECOND], [SECOND], [SECOND]]
+OFF_SPANS = [None, [FIRST_SPANS], None, [SECOND_SPANS], [MALFORMED]]
+# blended: the chunks stored in one order, reused in another; a third order aborted after two passes,
+# then served whole; malformed spans
+BLEND_ROUNDS = [[FIRST], [SECOND], [THIRD], [THIRD], [SECOND]]
+BLEND_SPANS = [[FIRST_SPANS], [SECOND_SPANS], [THIRD_SPANS], [THIRD_SPANS], [MALFORMED]]
+STORED, REUSED, ABORTED, AGAIN, REFUSED = range(5)
+# a high static fraction: engines loading side by side take memory between its two readings
+SERVER = {"chunked_prefill_size": 512, "mem_fraction_static": 0.3}
+BLEND = {"blend": True, "blend_recompute_ratio": RATIO}
+ENGINES = {
+    "stock": (None, OFF_ROUNDS, OFF_SPANS, None),
+    "off": ({}, OFF_ROUNDS, OFF_SPANS, None),
+    "ratio1": ({**BLEND, "blend_recompute_ratio": 1.0}, BLEND_ROUNDS[:2], BLEND_SPANS[:2], None),
+    "blend": (BLEND, BLEND_ROUNDS, BLEND_SPANS, {"round": ABORTED, "after_passes": 2}),
+}
+
+
+@pytest.fixture(scope="module")
+def served(patched_sglang: PatchSet, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("blend")
+    engine_driver.write_model(tmp / "model")
+
+    def serve(name: str) -> dict[str, Any]:
+        options, rounds, spans, abort = ENGINES[name]
+        run = {"server": SERVER, "rounds": rounds, "spans": spans, "max_new_tokens": 8}
+        if abort is not None:
+            run["abort"] = abort
+        return engine_driver.serve(tmp, name, run, options)
+
+    with ThreadPoolExecutor(max_workers=len(ENGINES)) as pool:
+        return dict(zip(ENGINES, pool.map(serve, ENGINES), strict=True))
+
+
+def lines(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {line["rid"]: line for line in result["log"]}
+
+
+def test_flag_off_chunk_spans_change_no_token(served: dict[str, dict[str, Any]]) -> None:
+    """Stock, and the extension without --prefill-ext-blend: valid or malformed spans, the same greedy
+    ids as the same prompt without them (the logprobs up to float32 rounding: the repeat is a cache
+    hit), and the same ids and logprobs as each other."""
+    for name in ("stock", "off"):
+        outputs, logprobs = served[name]["outputs"], served[name]["logprobs"]
+        assert outputs[0] == outputs[1] and outputs[2] == outputs[3] == outputs[4]
+        for a, b in ((0, 1), (2, 3), (2, 4)):
+            assert logprobs[b][0] == pytest.approx(logprobs[a][0], rel=1e-4, abs=1e-5)
+        assert served[name]["errors"] == [None] * len(OFF_ROUNDS)
+    assert served["off"]["outputs"] == served["stock"]["outputs"]
+    for ours, theirs in zip(served["off"]["logprobs"], served["stock"]["logprobs"], strict=True):
+        assert ours[0] == pytest.approx(theirs[0], rel=1e-5, abs=1e-6)
+    assert all(line["blend"] is None for line in served["off"]["log"])
+
+
+def test_ratio_one_is_the_full_prefill(served: dict[str, dict[str, Any]]) -> None:
+    """Every chunk token recomputed: the reordered prompt's greedy ids and logprobs are the full
+    prefill's (the extension's without blending, after the same first prompt)."""
+    ratio1, off = served["ratio1"], served["off"]
+    assert ratio1["outputs"][REUSED] == off["outputs"][2]
+    assert ratio1["logprobs"][REUSED][0] == pytest.approx(off["logprobs"][2][0], rel=1e-5, abs=1e-6)
+    counts = lines(ratio1)[f"round{REUSED}-0"]["blend"]
+    assert counts == {"chunk_tokens": 8 * CHUNK, "hits": 0, "reused_tokens": 0, "recomputed_tokens": 0}
+
+
+def test_a_reordered_set_reuses_the_store_and_recomputes_the_ratio_s_heads(
+    served: dict[str, dict[str, Any]],
+) -> None:
+    """The first prompt stores its 8 chunks; the reordered one matches the system prompt in the tree,
+    reuses all 8 from the store and computes, one pass each, each chunk's head (ceil(0.25 * 40) = 10
+    tokens) and the question."""
+    blend = served["blend"]
+    log = lines(blend)
+    stored, reused = log[f"round{STORED}-0"], log[f"round{REUSED}-0"]
+    assert stored["chunks"] == 1
+    assert stored["blend"] == {
+        "chunk_tokens": 8 * CHUNK,
+        "hits": 0,
+        "reused_tokens": 0,
+        "recomputed_tokens": 0,
+    }
+    # SGLang's own count of cached tokens: the tree's match and the placed chunks
+    assert reused["cached_tokens"] == SYSTEM + 8 * (CHUNK - HEAD)
+    assert reused["chunks"] == 9
+    assert reused["blend"] == {
+        "chunk_tokens": 8 * CHUNK,
+        "hits": 8,
+        "reused_tokens": 8 * (CHUNK - HEAD),
+        "recomputed_tokens": 8 * HEAD,
+    }
+    # the passes as scheduled ([new tokens, cached tokens, continues]): a head after each chunk's start
+    extends = [p["reqs"] for p in blend["pass_log"] if p["reqs"]]
+    heads = [[[HEAD, start, 1]] for start, _ in SECOND_SPANS]
+    assert extends[1:10] == [*heads, [[QUESTION, len(SECOND) - QUESTION, 0]]]
+    assert blend["finish"][REUSED] == ["length"]
+
+
+def test_an_abort_mid_blend_leaks_nothing(served: dict[str, dict[str, Any]]) -> None:
+    """A third order, aborted after two of its nine passes (a reused chunk placed): its line says
+    so. SGLang's strict pool checks ran every loop iteration and at idle (a leak or a double free kills
+    the scheduler): the engine still serves, and the same prompt then runs whole over the intact
+    store. Its first chunk's head is in the tree (the aborted request's first pass): it computes the
+    token after it, reuses that chunk's rest, and the other seven as before."""
+    blend = served["blend"]
+    aborted, again = (lines(blend)[f"round{i}-0"] for i in (ABORTED, AGAIN))
+    assert aborted["error"] is not None and 2 <= aborted["chunks"] < 9
+    assert blend["finish"][ABORTED] == ["abort"]
+    assert again["error"] is None and again["chunks"] == 9
+    assert again["cached_tokens"] >= SYSTEM + HEAD
+    assert again["blend"] == {
+        "chunk_tokens": 8 * CHUNK - HEAD,
+        "hits": 8,
+        "reused_tokens": 8 * (CHUNK - HEAD) - 1,
+        "recomputed_tokens": 7 * HEAD + 1,
+    }
+    assert blend["alive"] == served["stock"]["alive"]
+
+
+def test_malformed_spans_are_stock_s_400_kind_of_error(served: dict[str, dict[str, Any]]) -> None:
+    """Under --prefill-ext-blend malformed spans are the ValueError the HTTP server answers with a 400
+    (tests/adapters/test_chunk_spans_request.py: through `/generate`), with `parse_chunk_spans`'s message."""
+    error = served["blend"]["errors"][REFUSED]
+    assert error == (
+        f"chunk_spans[1] = [{SYSTEM + 10}, {SYSTEM + 20}] starts before chunk_spans[0] ends "
+        f"({SYSTEM + CHUNK}); spans must be in order and must not overlap."
+    )
