@@ -2,8 +2,9 @@
 
 Runs the real `GenerateReqInput` / `TokenizedGenerateReqInput` and `TokenizerManager`'s own
 `_validate_one_request` and `_create_tokenized_object` on the CPU (a manager with only the fields
-those read: a real one needs a model and a running scheduler). `--prefill-ext-blend` is still
-refused at start-up, so "under the flag" here is a config with `blend` set."""
+those read: a real one needs a model and a running scheduler; "under the flag" is a config with
+`blend` set), and the `/v1/completions` handler (`OpenAIServingCompletion`) over it. Through a real
+engine: tests/blend/test_blend_serving.py."""
 
 from __future__ import annotations
 
@@ -132,3 +133,54 @@ def test_the_http_server_s_parse_takes_any_value(patched_sglang: PatchSet, spans
         {"input_ids": PROMPT, "chunk_spans": spans}
     )
     assert parsed.chunk_spans == spans
+
+
+def _completions(m):
+    """SGLang's own `/v1/completions` handler over manager `m`, whose `generate_request` makes the
+    tokenized request as the real one does (`_validate_one_request`, `_create_tokenized_object`)."""
+    from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+
+    async def generate_request(obj, raw_request):
+        obj.normalize_batch_and_arguments()
+        m._validate_one_request(obj, obj.input_ids)
+        yield m._create_tokenized_object(obj, None, obj.input_ids)
+
+    m.generate_request = generate_request
+    m.request_logger = types.SimpleNamespace(log_requests=False)
+    return OpenAIServingCompletion(m, types.SimpleNamespace(completion_template_name=None))
+
+
+def _body(spans) -> dict:
+    """What the OpenAI client sends for `completions.create(prompt=PROMPT, extra_body={"chunk_spans":
+    spans})`: the extra body's keys beside the others."""
+    return {"model": "default", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "chunk_spans": spans}
+
+
+@pytest.mark.parametrize("blend", [False, True])
+def test_v1_completions_takes_chunk_spans_in_extra_body(manager, blend: bool) -> None:
+    """A token-id prompt's spans reach the scheduler's request under the flag; flag off they are
+    dropped, as for `/generate`."""
+    from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+
+    m = manager(True, blend=blend)
+    request = CompletionRequest.model_validate(_body([[2, 5], [5, 9]]))
+    adapted, _ = _completions(m)._convert_to_internal_request(request, None)
+    assert adapted.chunk_spans == [[2, 5], [5, 9]]
+    adapted.normalize_batch_and_arguments()
+    tokenized = m._create_tokenized_object(adapted, None, PROMPT)
+    assert tokenized.chunk_spans == (((2, 5), (5, 9)) if blend else None)
+
+
+def test_v1_completions_answers_malformed_spans_with_a_400(manager) -> None:
+    """The handler's answer is stock's 400 kind of error (`BadRequestError`), `parse_chunk_spans`'s message."""
+    import asyncio
+    import json
+
+    from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+
+    request = CompletionRequest.model_validate(_body([[0, 5], [4, 8]]))
+    response = asyncio.run(_completions(manager(True, blend=True)).handle_request(request, None))
+    assert response.status_code == 400
+    error = json.loads(response.body)
+    assert error["type"] == "BadRequestError"
+    assert error["message"].startswith("chunk_spans[1] = [4, 8] starts before chunk_spans[0] ends (5)")
