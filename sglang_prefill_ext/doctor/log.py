@@ -27,12 +27,24 @@ class Fingerprinted:
 
 
 @dataclasses.dataclass(frozen=True)
+class Blended:
+    """A request's chunk tokens past the prefix cache's match under --prefill-ext-blend (the log line's
+    `blend`): reused from the chunk store, recomputed in the chunks reused, the rest computed."""
+
+    chunk_tokens: int
+    hits: int
+    reused_tokens: int
+    recomputed_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Request:
     rid: str
     input_len: int
-    cached: int
+    cached: int  # the prefix cache's hit (SGLang's cached_tokens, less what blending reused)
     fp: Fingerprinted | None
     output: int = 0  # tokens generated: in the cache after the prompt once the request finished
+    blend: Blended | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,12 +71,21 @@ def _request(record: dict) -> Request | None:
             start,
             start + max(float(record["prefill_ms"]), 0.0),
         )
+    blend = record.get("blend")
+    blended = (
+        None
+        if blend is None
+        else Blended(**{f.name: int(blend[f.name]) for f in dataclasses.fields(Blended)})
+    )
+    # SGLang counts the chunks a blended request reused as cached too: each pass's prefix
+    reused = 0 if blended is None else blended.reused_tokens
     return Request(
         str(record["rid"]),
         int(record["input_len"]),
-        int(record["cached_tokens"]),
+        int(record["cached_tokens"]) - reused,
         fp,
         int(record.get("output_tokens", 0)),
+        blended,
     )
 
 

@@ -31,8 +31,8 @@ FIX = {
     "reordered": "keep shared documents in one stable order (the order first seen), in front of what differs",
     "changed_prefix": "keep the part that changes after the shared prefix",
     "evicted": "a larger KV pool (--mem-fraction-static), or fewer prompts in flight",
-    NON_PREFIX: "reuse chunks at any position (CacheBlend-style; planned as --prefill-ext-blend, not usable "
-    "yet); no layout change recovers them",
+    NON_PREFIX: "reuse chunks at any position: --prefill-ext-blend, each request marking its chunks "
+    "(chunk_spans; CacheBlend-style, SGLang 0.5.17: docs/BLEND.md); no layout change recovers them",
 }
 # Whether the cost comes back with every request that has the pattern, or was paid once per change.
 ONE_TIME = {"changed_prefix"}
@@ -148,6 +148,27 @@ def _findings(log: Log, verdicts: list[Verdict], cost: PassCost) -> list[dict[st
     ]
 
 
+def _blend(requests: list[Request]) -> dict[str, int] | None:
+    """What chunk blending did (None: no request was blended): of the chunk tokens past the prefix
+    cache's match, those reused from the chunk store (recovered), those recomputed in the chunks
+    reused (the ratio's heads), and those computed in chunks the store missed or a request computed
+    whole."""
+    blended = [r.blend for r in requests if r.blend is not None]
+    if not blended:
+        return None
+    chunk, reused, recomputed = (
+        sum(getattr(b, f) for b in blended) for f in ("chunk_tokens", "reused_tokens", "recomputed_tokens")
+    )
+    return {
+        "requests": len(blended),
+        "hits": sum(b.hits for b in blended),
+        "chunk_tokens": chunk,
+        "reused_tokens": reused,
+        "recomputed_tokens": recomputed,
+        "computed_tokens": chunk - reused - recomputed,
+    }
+
+
 def build(logs: list[Log], cost: PassCost) -> dict[str, Any]:
     """The report over every log given (each one server's cache); each finding names its log."""
     requests = [r for log in logs for r in log.requests]
@@ -171,6 +192,7 @@ def build(logs: list[Log], cost: PassCost) -> dict[str, Any]:
         "hit_rate": _rate(sum(r.cached for r in requests), prompt_tokens),
         "by_length": _by_length(requests),
         "hit_rate_over_time": {str(log.path): _over_time(log.requests) for log in logs},
+        "blend": _blend(requests),
         "divergence": _divergence(verdicts, block) if verdicts else {"positions": [], "top": []},
         "findings": sorted(findings, key=lambda f: -f["tokens"]),
     }
@@ -191,6 +213,14 @@ def text(report: dict[str, Any]) -> str:
             for row in report["by_length"]
         ),
     ]
+    blend = report["blend"]
+    if blend is not None:
+        lines.append(
+            f"chunk blending: {blend['requests']:,} requests, {blend['chunk_tokens']:,} chunk tokens past the"
+            f" prefix cache's match: {blend['reused_tokens']:,} reused from the chunk store ({blend['hits']:,}"
+            f" chunks), {blend['recomputed_tokens']:,} recomputed in the chunks reused,"
+            f" {blend['computed_tokens']:,} computed in chunks the store missed"
+        )
     if not report["fingerprinted"]:
         lines.append(
             "no fingerprints in the log: serve with --prefill-ext-log-fingerprints to find why prompts miss"

@@ -6,14 +6,19 @@ engines, started side by side once for the module: stock, the extension without 
 
 from __future__ import annotations
 
+import json
 import math
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sglang_prefill_ext import adapters
+from sglang_prefill_ext.doctor import report
+from sglang_prefill_ext.doctor.log import read_log
 from sglang_prefill_ext.patching import PatchSet
+from sglang_prefill_ext.runner.pass_cost import PassCost
 from tests.runner import engine_driver
 
 pytestmark = pytest.mark.skipif(
@@ -52,11 +57,11 @@ BLEND_SPANS = [[FIRST_SPANS], [SECOND_SPANS], [THIRD_SPANS], [THIRD_SPANS], [MAL
 STORED, REUSED, ABORTED, AGAIN, REFUSED = range(5)
 # a high static fraction: engines loading side by side take memory between its two readings
 SERVER = {"chunked_prefill_size": 512, "mem_fraction_static": 0.3}
-BLEND = {"blend": True, "blend_recompute_ratio": RATIO}
+BLEND = {"blend": True, "blend_recompute_ratio": RATIO, "log_fingerprints": True, "fingerprint_block": 32}
 ENGINES = {
     "stock": (None, OFF_ROUNDS, OFF_SPANS, None),
     "off": ({}, OFF_ROUNDS, OFF_SPANS, None),
-    "ratio1": ({**BLEND, "blend_recompute_ratio": 1.0}, BLEND_ROUNDS[:2], BLEND_SPANS[:2], None),
+    "ratio1": ({"blend": True, "blend_recompute_ratio": 1.0}, BLEND_ROUNDS[:2], BLEND_SPANS[:2], None),
     "blend": (BLEND, BLEND_ROUNDS, BLEND_SPANS, {"round": ABORTED, "after_passes": 2}),
 }
 
@@ -168,3 +173,34 @@ def test_malformed_spans_are_stock_s_400_kind_of_error(served: dict[str, dict[st
         f"chunk_spans[1] = [{SYSTEM + 10}, {SYSTEM + 20}] starts before chunk_spans[0] ends "
         f"({SYSTEM + CHUNK}); spans must be in order and must not overlap."
     )
+
+
+def test_the_doctor_reports_what_blending_recovered(
+    served: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The blended engine's own request log (with fingerprints) through the doctor: its finished
+    blended requests' chunk tokens, those reused from the store beside those recomputed, and the prefix
+    cache's hits without the reused chunks (the aborted request left out)."""
+    log = tmp_path / "requests.jsonl"
+    log.write_text("".join(json.dumps(line) + "\n" for line in served["blend"]["log"]))
+    result = report.build([read_log(log)], PassCost())
+    finished = [
+        line for line in served["blend"]["log"] if line["error"] is None and line["blend"] is not None
+    ]
+    assert len(finished) == 3  # stored, reused, and the reordered prompt again after the abort
+    reused = sum(line["blend"]["reused_tokens"] for line in finished)
+    recomputed = sum(line["blend"]["recomputed_tokens"] for line in finished)
+    chunk = sum(line["blend"]["chunk_tokens"] for line in finished)
+    assert (reused, recomputed) == (8 * (CHUNK - HEAD) * 2 - 1, 8 * HEAD * 2 + 1 - HEAD)
+    assert result["blend"] == {
+        "requests": 3,
+        "hits": 16,
+        "chunk_tokens": chunk,
+        "reused_tokens": reused,
+        "recomputed_tokens": recomputed,
+        "computed_tokens": chunk - reused - recomputed,
+    }
+    # the tree's hits: none, the system prompt, it and the first chunk's head (after the abort), the probe's
+    (probe,) = [line["cached_tokens"] for line in served["blend"]["log"] if line["input_len"] == 3]
+    assert result["cached_tokens"] == SYSTEM + (SYSTEM + HEAD) + probe
+    assert f"{reused:,} reused from the chunk store (16 chunks)" in report.text(result)

@@ -11,7 +11,7 @@ import pytest
 
 from bench.replay.doctor_scenarios import agents, clean, profiles, rag_subsets, stanzas
 from bench.replay.doctor_traffic import BLOCK, prefill, seen_before, write_log
-from sglang_prefill_ext.config import FLAGS_BY_NAME, OptionError, PrefillExtConfig
+from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.doctor import report
 from sglang_prefill_ext.doctor.analysis import diagnose
 from sglang_prefill_ext.doctor.log import read_log
@@ -146,8 +146,6 @@ def test_several_logs_each_finding_names_its_log_and_hit_rates_over_time_are_per
     assert all(f"{f['log']}: " in report.text(result) for f in result["findings"])
 
 
-def test_the_non_prefix_fix_names_chunk_blending_as_planned_while_it_is_refused() -> None:
-    assert "planned as --prefill-ext-blend, not usable yet" in report.FIX[report.NON_PREFIX]
-    if "blend" in FLAGS_BY_NAME:  # registered: "planned" holds while the flag is refused
-        with pytest.raises(OptionError):
-            PrefillExtConfig.from_options({"blend": True})
+def test_the_non_prefix_fix_names_chunk_blending_which_is_served() -> None:
+    assert "--prefill-ext-blend" in report.FIX[report.NON_PREFIX]
+    assert PrefillExtConfig.from_options({"blend": True}).blend
