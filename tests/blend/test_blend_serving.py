@@ -1,8 +1,9 @@
 """Chunk blending served by real SGLang 0.5.17 with a model forward: `sglang.Engine` on the CPU
 (tests/runner/engine_driver.py: a tiny random Llama of 8 layers, the normal event loop, the KV pools'
-strict busy and idle checks on), requests with `chunk_spans` through its tokenizer manager. Four
+strict busy and idle checks on), requests with `chunk_spans` through its tokenizer manager. Five
 engines, started side by side once for the module: stock, the extension without blending, and
-`--prefill-ext-blend` at ratios 1 and 0.25. A system prompt, 8 chunks of 40 tokens, a question."""
+`--prefill-ext-blend` at ratios 1 and 0.25 (the latter also under the overlap event loop). A system
+prompt, 8 chunks of 40 tokens, a question."""
 
 from __future__ import annotations
 
@@ -58,11 +59,21 @@ STORED, REUSED, ABORTED, AGAIN, REFUSED = range(5)
 # a high static fraction: engines loading side by side take memory between its two readings
 SERVER = {"chunked_prefill_size": 512, "mem_fraction_static": 0.3}
 BLEND = {"blend": True, "blend_recompute_ratio": RATIO, "log_fingerprints": True, "fingerprint_block": 32}
+ABORT = {"round": ABORTED, "after_passes": 2}
+# name: (the extension's options, None: stock; rounds; their spans; the abort; server keywords)
 ENGINES = {
-    "stock": (None, OFF_ROUNDS, OFF_SPANS, None),
-    "off": ({}, OFF_ROUNDS, OFF_SPANS, None),
-    "ratio1": ({"blend": True, "blend_recompute_ratio": 1.0}, BLEND_ROUNDS[:2], BLEND_SPANS[:2], None),
-    "blend": (BLEND, BLEND_ROUNDS, BLEND_SPANS, {"round": ABORTED, "after_passes": 2}),
+    "stock": (None, OFF_ROUNDS, OFF_SPANS, None, SERVER),
+    "off": ({}, OFF_ROUNDS, OFF_SPANS, None, SERVER),
+    "ratio1": (
+        {"blend": True, "blend_recompute_ratio": 1.0},
+        BLEND_ROUNDS[:2],
+        BLEND_SPANS[:2],
+        None,
+        SERVER,
+    ),
+    "blend": (BLEND, BLEND_ROUNDS, BLEND_SPANS, ABORT, SERVER),
+    # SGLang's overlap event loop: the next pass formed (its reused chunk placed) while the last one runs
+    "overlap": (BLEND, BLEND_ROUNDS, BLEND_SPANS, ABORT, {**SERVER, "disable_overlap_schedule": False}),
 }
 
 
@@ -72,8 +83,8 @@ def served(patched_sglang: PatchSet, tmp_path_factory: pytest.TempPathFactory) -
     engine_driver.write_model(tmp / "model")
 
     def serve(name: str) -> dict[str, Any]:
-        options, rounds, spans, abort = ENGINES[name]
-        run = {"server": SERVER, "rounds": rounds, "spans": spans, "max_new_tokens": 8}
+        options, rounds, spans, abort, server = ENGINES[name]
+        run = {"server": server, "rounds": rounds, "spans": spans, "max_new_tokens": 8}
         if abort is not None:
             run["abort"] = abort
         return engine_driver.serve(tmp, name, run, options)
@@ -204,3 +215,19 @@ def test_the_doctor_reports_what_blending_recovered(
     (probe,) = [line["cached_tokens"] for line in served["blend"]["log"] if line["input_len"] == 3]
     assert result["cached_tokens"] == SYSTEM + (SYSTEM + HEAD) + probe
     assert f"{reused:,} reused from the chunk store (16 chunks)" in report.text(result)
+
+
+def test_the_overlap_loop_serves_the_same(served: dict[str, dict[str, Any]]) -> None:
+    """Under SGLang's overlap event loop (its default): the same greedy ids, passes and counts. On the
+    CPU this checks the order of the steps only: on a GPU the placement's copies run on the
+    scheduler's stream, which `run_batch` makes the forward stream wait for (not yet run there)."""
+    blend, overlap = served["blend"], served["overlap"]
+    done = [i for i, finish in enumerate(blend["finish"]) if finish == ["length"]]
+    assert [overlap["outputs"][i] for i in done] == [blend["outputs"][i] for i in done]
+    assert [p["reqs"] for p in overlap["pass_log"] if p["reqs"]][:10] == [
+        p["reqs"] for p in blend["pass_log"] if p["reqs"]
+    ][:10]
+    for rid in (f"round{STORED}-0", f"round{REUSED}-0"):
+        assert lines(overlap)[rid]["blend"] == lines(blend)[rid]["blend"]
+    assert lines(overlap)[f"round{ABORTED}-0"]["error"] is not None
+    assert overlap["alive"] == served["stock"]["alive"]
