@@ -7,10 +7,9 @@
 # prefix tree alone (ext) and the extension with --prefill-ext-blend at each ratio of RATIOS
 # (ext_blend<ratio digits>), on Qwen2.5-Coder-1.5B's shape with dummy weights. bench/gpu/run_ab.sh starts
 # the servers, runs bench.serving.ttft_bench and writes the report (stock/variant TTFT ratios) under $OUT.
-# A variant whose server does not start is skipped: until --prefill-ext-blend is served (docs/BLEND.md)
-# its servers refuse the flag, and the run measures what stock and the prefix tree get on this workload
-# (the summary's chunk_tokens_seen_before / chunk_tokens_in_a_prefix_seen_before: what blending could
-# reuse, what a prefix cache can).
+# A variant whose server does not start is skipped (--prefill-ext-blend is served on SGLang 0.5.17 only:
+# docs/BLEND.md). The summary's chunk_tokens_seen_before / chunk_tokens_in_a_prefix_seen_before say what
+# blending could reuse and what a prefix cache can.
 #
 # Environment [defaults]: RATIOS ["0.15"]; RAG_QUESTIONS [200]; MODEL [bench/models/qwen2.5-coder-1.5b-dummy];
 # SERVER_ARGS [dummy weights, no tokenizer, 32K context, stock's default backend, 0.8 of the memory: the
