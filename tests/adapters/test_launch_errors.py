@@ -30,7 +30,7 @@ REFUSED = {
     "SparseSettings range": (ENABLE, "--prefill-ext-sparse-block-size", "100"),
     "negative count": (ENABLE, "--prefill-ext-dedup-min-tokens", "-1"),
     "sparse on a backend it cannot serve": (ENABLE, "--prefill-ext-sparse", "--attention-backend", "triton"),
-    "blend on pages of 16 (refused on 0.5.23 as not ported)": (ENABLE, "--prefill-ext-blend", "--page-size", "16"),
+    "blend on pages of 16 (0.5.23: not ported)": (ENABLE, "--prefill-ext-blend", "--page-size", "16"),
     "layer slices under the overlap loop": (ENABLE, "--prefill-ext-yield-layers", "4"),
     "layer slices with pdmux's own": (
         *(ENABLE, "--prefill-ext-yield-layers", "4", "--disable-overlap-schedule", "--enable-pdmux"),

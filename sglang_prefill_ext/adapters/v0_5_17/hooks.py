@@ -47,6 +47,7 @@ def validate_server_args(server_args: ServerArgs) -> None:
     common.validate_server_args(server_args, CONFLICTING_FLAGS, PORTED_OPTIONS, "0.5.17")
     common.validate_attention_backend(server_args, ATTENTION_BACKENDS)
     validate_yield_layers(server_args)
+    validate_blend(server_args)
 
 
 def validate_yield_layers(server_args: ServerArgs) -> None:
@@ -78,14 +79,16 @@ def validate_resolved_server_args(server_args: ServerArgs) -> None:
 
 def validate_blend(server_args: ServerArgs) -> None:
     """Refuse --prefill-ext-blend where its plan could not run: a blended request's extends are SGLang's
-    chunked prefill passes over one-token pages, on one model rank, without a draft model."""
+    chunked prefill passes over one-token pages, on one pipeline stage, without a draft model. A page
+    size or chunk size not resolved yet (None: not given) is checked once it is."""
     ext_config = common.prefill_ext_config(server_args)
     if ext_config is None or not ext_config.blend:
         return
     found = []
-    if server_args.page_size != 1:
-        found.append(f"--page-size {server_args.page_size} (a placed chunk would continue a page)")
-    if server_args.chunked_prefill_size is None or server_args.chunked_prefill_size <= 0:
+    page_size, chunk = server_args.page_size, server_args.chunked_prefill_size
+    if page_size not in (None, 1):
+        found.append(f"--page-size {page_size} (a placed chunk would continue a page)")
+    if chunk is not None and chunk <= 0:
         found.append("chunked prefill off (--chunked-prefill-size: a blend plan's extends are its chunks)")
     if server_args.speculative_algorithm:
         found.append("--speculative-algorithm (a draft model's KV is not blended)")
