@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -71,6 +71,7 @@ PORTED = adapters.current("hooks").PORTED_OPTIONS
         ("lone_pass_ms", "150"),
         ("lone_chunk_sync", "false"),
         ("yield_layers", "4"),
+        ("blend", "true"),
     ],
 )
 def test_options_not_ported_to_this_version_refused(
@@ -83,6 +84,22 @@ def test_options_not_ported_to_this_version_refused(
         sglang_harness.parse_server_args(
             "--enable-prefill-ext", flag, value, "--attention-backend", "flashinfer"
         )
+
+
+def test_blend_is_refused_on_0_5_23_saying_what_is_missing() -> None:
+    """0.5.23's hooks (they import no SGLang) refuse --prefill-ext-blend by name, with why."""
+    from sglang_prefill_ext.adapters import common
+
+    hooks = adapters.for_version("0.5.23", "hooks")
+    args = SimpleNamespace(enable_prefill_ext=True, prefill_ext_options={"blend": True})
+    with pytest.raises(OptionError) as refused:
+        common.validate_server_args(
+            args, hooks.CONFLICTING_FLAGS, hooks.PORTED_OPTIONS, "0.5.23", hooks.UNPORTED_WHY
+        )
+    assert str(refused.value) == (
+        "--prefill-ext-blend: not available on SGLang 0.5.23 yet (its request objects carry no chunk_spans "
+        "and its scheduler patch has no chunk-budget hook to run a blend plan's extends)"
+    )
 
 
 @pytest.mark.parametrize(
