@@ -1,6 +1,7 @@
 """bench/gpu/run_sparse_study.sh's server steps on the CPU, with the stand-in `sglang.launch_server`
 (tests/stubs/sglang): one YaRN view's servers get its model and context, a held step on another view is
-refused, the next view's servers replace the first's on the same ports, and stop leaves none."""
+refused, the next view's servers (with ATTENTION_BACKEND) replace the first's on the same ports, and stop leaves
+none."""
 
 from __future__ import annotations
 
@@ -64,8 +65,8 @@ def test_each_view_s_servers_get_its_model_and_context_and_replace_the_last(tmp_
         "PORT": str(port),
     }
 
-    def study(step: str, factor: str) -> subprocess.CompletedProcess[str]:
-        env = {**base, "STEP": step, "YARN_FACTOR": factor, "MODEL": str(models[factor])}
+    def study(step: str, factor: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        env = {**base, "STEP": step, "YARN_FACTOR": factor, "MODEL": str(models[factor]), **extra}
         return subprocess.run(
             ["bash", str(SCRIPTS / "run_sparse_study.sh")],
             env=env,
@@ -87,13 +88,14 @@ def test_each_view_s_servers_get_its_model_and_context_and_replace_the_last(tmp_
         assert refused.returncode == 3
         assert f"the servers run {models['2']}, not {models['']}" in refused.stdout
 
-        done = study("servers", "")
+        done = study("servers", "", ATTENTION_BACKEND="flashinfer")
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "stopped stock" in done.stdout and "stopped sp0" in done.stdout
         for p in (port, port + 1):
             args = argv(p)
             assert flag(args, "--model-path") == str(models[""])
             assert flag(args, "--context-length") == "32768"
+            assert flag(args, "--attention-backend") == "flashinfer"
     finally:
         stop = {**base, "STEP": "stop"}
         subprocess.run(["bash", str(SCRIPTS / "run_ruler.sh")], env=stop, capture_output=True, timeout=100)

@@ -14,8 +14,8 @@
 #                 bounds each server's run (the cases asked by then are kept).
 #   STEP=stop     stop every server and wait until they are gone (their ports free for the next STEP=servers).
 # Environment: TAG [ruler]: names a sweep's files; MODEL [/tmp/qwen-coder-hf-yarn4]; SERVER_ARGS [--context-length
-#   $CONTEXT [131072] --mem-fraction-static 0.7 --max-total-tokens 300000: several servers share the GPU]; OUT;
-#   STATE [/tmp/ruler-state]; SITE_EXT
+#   $CONTEXT [131072] --mem-fraction-static 0.7 --max-total-tokens 300000: several servers share the GPU, plus
+#   --attention-backend $ATTENTION_BACKEND when set]; OUT; STATE [/tmp/ruler-state]; SITE_EXT
 #   [/tmp/site-ext]. The model must exist (bench/gpu/run_real.sh REAL_MODEL=qwen-coder ACCURACY=0 VARIANTS=""
 #   joins, converts and makes the YaRN views).
 set -uo pipefail
@@ -27,7 +27,7 @@ OUT=${OUT:-$REPO/out-ruler}
 STATE=${STATE:-/tmp/ruler-state}
 MODEL=${MODEL:-/tmp/qwen-coder-hf-yarn4}
 SITE_EXT=${SITE_EXT:-/tmp/site-ext}
-SERVER_ARGS=${SERVER_ARGS:---context-length ${CONTEXT:-131072} --mem-fraction-static 0.7 --max-total-tokens 300000}
+SERVER_ARGS=${SERVER_ARGS:---context-length ${CONTEXT:-131072} --mem-fraction-static 0.7 --max-total-tokens 300000${ATTENTION_BACKEND:+ --attention-backend $ATTENTION_BACKEND}}
 STEP=${STEP:-ask}
 PORT=${PORT:-30000}
 TAG=${TAG:-ruler}
