@@ -113,11 +113,11 @@ def test_loosest_ttft_target_bounds_every_cached_split() -> None:
 
 
 class Overloaded:
-    """A stand-in SGLang server: 4 streamed tokens per request, the first one `late_s` late while more
-    than `limit` requests arrived in the last `window_s`, else at once."""
+    """A stand-in SGLang server: the request's streamed tokens, `token_s` apart, the first one `late_s`
+    late while more than `limit` requests arrived in the last `window_s`, else at once."""
 
-    def __init__(self, limit: int, window_s: float, late_s: float) -> None:
-        self.limit, self.window_s, self.late_s = limit, window_s, late_s
+    def __init__(self, limit: int, window_s: float, late_s: float, token_s: float = 0.0) -> None:
+        self.limit, self.window_s, self.late_s, self.token_s = limit, window_s, late_s, token_s
         self.arrivals: collections.deque[float] = collections.deque()
         self.served = 0
 
@@ -133,6 +133,8 @@ class Overloaded:
         await asyncio.sleep(self.late_s if late else len(body["input_ids"]) * 5e-6)
         n = body["sampling_params"]["max_new_tokens"]
         for k in range(1, n + 1):
+            if k > 1 and self.token_s:
+                await asyncio.sleep(self.token_s)
             meta = {"completion_tokens": k, "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0}
             await resp.write(
                 b"data: " + json.dumps({"output_ids": [7] * k, "meta_info": meta}).encode() + b"\n\n"
@@ -150,11 +152,19 @@ class Overloaded:
 
 @pytest.fixture
 def server() -> Iterator[tuple[str, Overloaded]]:
-    fake = Overloaded(limit=25, window_s=0.25, late_s=0.4)
+    yield from serve(Overloaded(limit=25, window_s=0.25, late_s=0.4))
+
+
+@pytest.fixture
+def slow_decoder() -> Iterator[tuple[str, Overloaded]]:
+    yield from serve(Overloaded(limit=1000, window_s=0.25, late_s=0.0, token_s=0.004))
+
+
+def serve(fake: Overloaded) -> Iterator[tuple[str, Overloaded]]:
     ready = threading.Event()
     state: dict = {}
 
-    def serve() -> None:
+    def host() -> None:
         loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_post("/generate", fake.generate)
@@ -170,7 +180,7 @@ def server() -> Iterator[tuple[str, Overloaded]]:
         loop.run_forever()
         loop.run_until_complete(runner.cleanup())
 
-    thread = threading.Thread(target=serve, daemon=True)
+    thread = threading.Thread(target=host, daemon=True)
     thread.start()
     ready.wait()
     yield f"http://127.0.0.1:{state['port']}", fake
@@ -244,3 +254,37 @@ def test_long_requests_are_judged_by_another_runs_time_alone_once_it_is_there(tm
     judged = asyncio.run(cap.reference_targets(a, own))
     assert (str(judged.alone_cost), judged.alone_chunk) == ("9,30,1000", 2048)
     assert judged.short_ttft_target_ms == own.short_ttft_target_ms
+
+
+def test_the_short_requests_end_to_end_phase_runs_each_output_length_and_compare_gives_its_ratio(
+    slow_decoder: tuple[str, Overloaded], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    url, _ = slow_decoder
+    argv = [
+        "run", "--url", url, "--label", "stock", "--out-dir", str(tmp_path / "stock"), "--workloads", "mixed",
+        "--factors", "0.5", "--seeds", "2", "--per-point", "10", "--max-new-tokens", "2",
+        "--mixed-short-rate", "80", "--mixed-long-every-s", "0.2", "--mixed-long-tokens", "8192",
+        "--mixed-short-min", "64", "--mixed-short-max", "256", "--calibration-lengths", "1024,4096,8192",
+        "--calibration-reps", "1", "--health-timeout", "10",
+        "--e2e-outputs", "4,32", "--e2e-factor", "0.25", "--e2e-per-point", "12", "--e2e-seeds", "2",
+    ]  # fmt: skip
+    assert cap.main(argv) == 0
+    result = json.loads((tmp_path / "stock" / "capacity.json").read_text())
+    e2e = result["short_e2e"]
+    assert e2e["factor"] == 0.25 and e2e["stopped"] == []
+    # every short of both seeds, none of the long prompts; 31 gaps of 4 ms against 3
+    assert [len(e2e["e2e_s"][n]) for n in ("4", "32")] == [24, 24]
+    assert min(e2e["e2e_s"]["32"]) > 31 * 0.004 > max(e2e["e2e_s"]["4"])
+    logged = [json.loads(line) for line in (tmp_path / "stock" / "requests.jsonl").read_text().splitlines()]
+    assert {r["factor"] for r in logged} == {0.5}  # the phase's requests are not a sweep point's
+
+    slower = json.loads(json.dumps(result))
+    slower["label"] = "ext"
+    slower["short_e2e"]["e2e_s"] = {n: [1.5 * t for t in ts] for n, ts in e2e["e2e_s"].items()}
+    (tmp_path / "ext.json").write_text(json.dumps(slower))
+    assert cap.main(["compare", str(tmp_path / "stock" / "capacity.json"), str(tmp_path / "ext.json")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "| variant | factor | 4 tokens p50 | 4 tokens p99 | 32 tokens p50 | 32 tokens p99 | shorts |" in out
+    )
+    assert out.count(" (1.50) |") == 4 and "| 24/24 |" in out

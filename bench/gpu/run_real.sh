@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # run_real.sh - the real-weights checks on one GPU host, in one command, for REAL_MODEL:
-#   qwen-coder  Qwen2.5-Coder-1.5B-Instruct (32K native; YaRN views x2 / x4 for 64K / 128K), issue 26
-#   smollm2     SmolLM2-135M-Instruct (8K native; YaRN views x4 / x8 / x16), issues 4, 6, 15
+#   qwen-coder       Qwen2.5-Coder-1.5B-Instruct (32K native; YaRN views x2 / x4 for 64K / 128K), issue 26
+#   qwen-coder-0.5b  Qwen2.5-Coder-0.5B-Instruct (the same: 32K native, views x2 / x4), issue 37
+#   smollm2          SmolLM2-135M-Instruct (8K native; YaRN views x4 / x8 / x16), issues 4, 6, 15
 #  1. the model as an HF checkpoint in $HF: joined from the parts stashed in $PARTS (scripts/models/
-#     model_parts.py join, sha256-checked) and converted (model_parts.py convert: qwen-coder with the host's
+#     model_parts.py join, sha256-checked) and converted (model_parts.py convert: qwen-coder* with the host's
 #     transformers and the wheelhouse's gguf) unless $HF/config.json exists; then the YaRN views
-#     $HF-yarnF for each F of YARN_VIEWS [qwen-coder: "2 4"];
+#     $HF-yarnF for each F of YARN_VIEWS [qwen-coder*: "2 4"];
 #  2. sparse accuracy: bench.accuracy.sparse_accuracy $ACCURACY_ARGS (sparse vs dense and vs the text), or one run
 #     per "name: args" entry of ACCURACY_RUNS (';'-separated; a run's --model-dir, e.g. $HF-yarn4, overrides $HF),
 #     results in $OUT/<name>.json/.log;
@@ -42,7 +43,7 @@ PY=${PY:-python3}
 REAL_MODEL=${REAL_MODEL:-smollm2}
 HF=${HF:-/tmp/$REAL_MODEL-hf}
 PARTS=${PARTS:-/tmp/$REAL_MODEL-parts}
-if [ "$REAL_MODEL" = qwen-coder ]; then YARN_VIEWS=${YARN_VIEWS:-2 4}; else YARN_VIEWS=${YARN_VIEWS:-}; fi
+case $REAL_MODEL in qwen-coder*) YARN_VIEWS=${YARN_VIEWS:-2 4} ;; *) YARN_VIEWS=${YARN_VIEWS:-} ;; esac
 MODEL=$HF
 PORT=${PORT:-30000}
 URL="http://127.0.0.1:$PORT"
@@ -80,13 +81,14 @@ if [ ! -f "$HF/config.json" ]; then
   log "joining and converting $REAL_MODEL from $PARTS"
   $PY scripts/models/model_parts.py join --parts-dir "$PARTS" --out "/tmp/$REAL_MODEL-gguf" || exit 2
   gguf=$(ls "/tmp/$REAL_MODEL-gguf"/*.gguf)
-  if [ "$REAL_MODEL" = qwen-coder ]; then
+  case $REAL_MODEL in
+  qwen-coder*)
     # the host's transformers (the wheelhouse's 5.12.1 is untested on this GGUF) with the wheelhouse's gguf
     mkdir -p /tmp/gguf-only && ln -sfn "$SITE/gguf" "$SITE"/gguf-*.dist-info /tmp/gguf-only/
     PYTHONPATH=/tmp/gguf-only $PY scripts/models/model_parts.py convert --gguf "$gguf" --out "$HF" --check || exit 2
-  else
-    $PY scripts/models/model_parts.py convert --gguf "$gguf" --out "$HF" || exit 2
-  fi
+    ;;
+  *) $PY scripts/models/model_parts.py convert --gguf "$gguf" --out "$HF" || exit 2 ;;
+  esac
 fi
 for factor in $YARN_VIEWS $YARN_FACTOR; do
   [ -f "$HF-yarn$factor/config.json" ] \

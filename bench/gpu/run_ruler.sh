@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # run_ruler.sh - the RULER-style retrieval suite (bench/accuracy/ruler.py) on one GPU host, with every
 # server up side by side, so one start serves a whole sweep:
-#   STEP=servers  start one server per SERVERS entry ("name: flags", ';'-separated) at once, on ports 30000,
-#                 30001, ...: a stock* name on the unpatched SGLang ($SITE), any other on a patched copy of its
-#                 sglang package ($SITE_EXT, made once with the project's CLI). Each runs under setsid, so it
-#                 outlives this call while the host stays warm; waits until every one answers /health and
-#                 writes "name port pid" lines to $STATE/servers.
+#   STEP=servers  start one server per SERVERS entry ("name: flags", ';'-separated) at once, on ports $PORT
+#                 [30000], $PORT + 1, ...: a stock* name on the unpatched SGLang ($SITE), any other on a patched
+#                 copy of its sglang package ($SITE_EXT, made once with the project's CLI). Each runs under
+#                 setsid, so it outlives this call while the host stays warm; waits until every one answers
+#                 /health and writes "name port pid" lines to $STATE/servers.
 #   STEP=ask      for each server of $STATE/servers (or of ASK="name ..."), one at a time while the others idle
 #                 (TTFTs are not shared), `ruler run $RULER_ARGS` -> $STATE/$TAG-<name>.jsonl (kept across calls);
 #                 then `ruler compare` of the $TAG files of COMPARE's servers (default: all, in start order), the
 #                 first as dense -> $OUT/$TAG-compare.md/.json, and every $TAG file in $OUT/$TAG-jsonl.tar.gz;
 #                 the file the dev rule picks (`ruler.choose`) -> $STATE/$TAG-chosen. ASK_TIMEOUT [0: none]
 #                 bounds each server's run (the cases asked by then are kept).
-#   STEP=stop     stop every server.
-# Environment: TAG [ruler]: names a sweep's files; MODEL [/tmp/qwen-coder-hf-yarn4]; SERVER_ARGS [--context-length 131072 --mem-fraction-static 0.7
-#   --max-total-tokens 300000: several servers share the GPU]; OUT; STATE [/tmp/ruler-state]; SITE_EXT
+#   STEP=stop     stop every server and wait until they are gone (their ports free for the next STEP=servers).
+# Environment: TAG [ruler]: names a sweep's files; MODEL [/tmp/qwen-coder-hf-yarn4]; SERVER_ARGS [--context-length
+#   $CONTEXT [131072] --mem-fraction-static 0.7 --max-total-tokens 300000: several servers share the GPU, plus
+#   --attention-backend $ATTENTION_BACKEND when set]; OUT; STATE [/tmp/ruler-state]; SITE_EXT
 #   [/tmp/site-ext]. The model must exist (bench/gpu/run_real.sh REAL_MODEL=qwen-coder ACCURACY=0 VARIANTS=""
 #   joins, converts and makes the YaRN views).
 set -uo pipefail
@@ -26,8 +27,9 @@ OUT=${OUT:-$REPO/out-ruler}
 STATE=${STATE:-/tmp/ruler-state}
 MODEL=${MODEL:-/tmp/qwen-coder-hf-yarn4}
 SITE_EXT=${SITE_EXT:-/tmp/site-ext}
-SERVER_ARGS=${SERVER_ARGS:---context-length 131072 --mem-fraction-static 0.7 --max-total-tokens 300000}
+SERVER_ARGS=${SERVER_ARGS:---context-length ${CONTEXT:-131072} --mem-fraction-static 0.7 --max-total-tokens 300000${ATTENTION_BACKEND:+ --attention-backend $ATTENTION_BACKEND}}
 STEP=${STEP:-ask}
+PORT=${PORT:-30000}
 TAG=${TAG:-ruler}
 mkdir -p "$OUT" "$STATE"
 
@@ -44,6 +46,8 @@ ext_site() {
   $PY -m sglang_prefill_ext.cli apply --sglang-version 0.5.17 --sglang-dir "$SITE_EXT" && touch "$SITE_EXT/.patched"
 }
 
+alive() { [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status"; }  # a zombie is gone
+
 healthy() {
   $PY -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=3).status == 200 else 1)" 2>/dev/null
 }
@@ -52,7 +56,7 @@ case "$STEP" in
 servers)
   ext_site || { log "could not patch $SITE_EXT"; exit 2; }
   : >"$STATE/servers"
-  port=30000
+  port=$PORT
   IFS=';' read -r -a entries <<<"$SERVERS"
   for entry in "${entries[@]}"; do
     name=$(echo "${entry%%:*}" | tr -d ' ')
@@ -97,5 +101,10 @@ ask)
   ;;
 stop)
   while read -r name port pid; do kill -TERM -- "-$pid" 2>/dev/null && log "stopped $name"; done <"$STATE/servers"
+  while read -r name port pid; do
+    for _ in $(seq 60); do alive "$pid" || break; sleep 1; done
+    alive "$pid" && log "$name (pid $pid) still running after 60 s"
+  done <"$STATE/servers"
+  rm -f "$STATE/servers"
   ;;
 esac

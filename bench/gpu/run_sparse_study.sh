@@ -1,32 +1,49 @@
 #!/usr/bin/env bash
 # run_sparse_study.sh - issue 37's sparse-accuracy session on one GPU host, one STEP per device call, back to back
-# (the host forgets /tmp after 30 s idle; every step after prep exits 3 at once on a cold host):
-#   STEP=prep    the model (bench/gpu/run_real.sh REAL_MODEL=qwen-coder ACCURACY=0 VARIANTS="": join, convert, YaRN
-#                views), and meanwhile the ops' GPU tests (-m gpu tests/ops) -> $OUT/pytest_gpu.log
-#   STEP=dev     bench.accuracy.ruler_forced on the dev split at DEV_LENGTHS [130000], DEV_PROMPTS [8] cases, the
+# (the host forgets /tmp after 30 s idle; every step after prep exits 3 at once on a cold host), for REAL_MODEL
+# [qwen-coder; or qwen-coder-0.5b] served as MODEL [/tmp/$REAL_MODEL-hf-yarn$YARN_FACTOR; YARN_FACTOR 4, 2 or
+# empty (native, 32K)] at a context of 32768 x YARN_FACTOR, prompts of LENGTH [130000 / 65000 / 32500: a prompt
+# and its answer within that context]:
+#   STEP=prep    the model (bench/gpu/run_real.sh REAL_MODEL=$REAL_MODEL ACCURACY=0 VARIANTS="": join, convert, YaRN
+#                views x2 and x4), and meanwhile the ops' GPU tests (-m gpu tests/ops) -> $OUT/pytest_gpu.log
+#   STEP=dev     bench.accuracy.ruler_forced on the dev split at DEV_LENGTHS [LENGTH], DEV_PROMPTS [8] cases, the
 #                configs DEV_CONFIGS [CANDIDATES; attribution: add LA-B configs, one layer range sparse at a time],
 #                under DEV_TIMEOUT [500 s] (the rows are written after every case), then the dev rule
 #                (`ruler_forced choose`) over CANDIDATES -> $STUDY/chosen (config) and $STUDY/chosen-flags; tables
 #                and JSONL in $OUT/dev.tar.gz
-#   STEP=servers the held-out step's servers side by side (bench/gpu/run_ruler.sh STEP=servers): `stock`, `sp0`
+#   STEP=servers the held-out step's servers side by side (bench/gpu/run_ruler.sh STEP=servers, on MODEL, once
+#                the servers of an earlier view are stopped): `stock`, `sp0`
 #                running the chosen config (the server's default without a dev step), and with GUARD set `guard`:
 #                the chosen config with --prefill-ext-sparse-guard GUARD; waits for their health
 #   STEP=held    the RULER-style suite through the servers HELD_ASK [stock sp0], one at a time (ASK_TIMEOUT
-#                each), compared with HELD_EXTRA's files (e.g. guard); held-out split at HELD_LENGTHS [130000],
+#                each), compared with HELD_EXTRA's files (e.g. guard); held-out split at HELD_LENGTHS [LENGTH],
 #                HELD_PROMPTS [40] cases from case HELD_FIRST [40] (seeds no earlier run has read) ->
 #                $OUT/$HELD_TAG-compare.md/.json, $OUT/$HELD_TAG-jsonl.tar.gz (HELD_TAG [held]: another length
 #                in a later call keeps these)
 #   STEP=ppl     perplexity and next-token accuracy (bench.accuracy.sparse_accuracy, bf16 FlashInfer path) on
-#                each held-out corpus at PPL_LENGTHS [65536 131072], PPL_PROMPTS [4], the chosen config and
-#                the server's default -> $OUT/ppl-<corpus>-<length>.json/.log (the servers stopped first)
-# $STUDY [/tmp/sparse-study] keeps what the steps share while the host stays warm.
+#                each held-out corpus at PPL_LENGTHS [65536 131072 on the x4 view; else the view's context],
+#                PPL_PROMPTS [4], the chosen config and the server's default -> $OUT/ppl-<corpus>-<length>.json/.log
+#                (the servers stopped first)
+# $STUDY [/tmp/sparse-study-$REAL_MODEL] keeps what the steps share while the host stays warm (the dev pick:
+# one per model, whichever view serves); $STATE [/tmp/ruler-state] run_ruler.sh's servers and answers.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO"
 PY=${PY:-python3}
 OUT=${OUT:-$REPO/out-study}
-STUDY=${STUDY:-/tmp/sparse-study}
-MODEL=${MODEL:-/tmp/qwen-coder-hf-yarn4}
+REAL_MODEL=${REAL_MODEL:-qwen-coder}
+STUDY=${STUDY:-/tmp/sparse-study-$REAL_MODEL}
+STATE=${STATE:-/tmp/ruler-state}
+export STATE
+YARN_FACTOR=${YARN_FACTOR-4}
+MODEL=${MODEL:-/tmp/$REAL_MODEL-hf${YARN_FACTOR:+-yarn$YARN_FACTOR}}
+CONTEXT=$((32768 * ${YARN_FACTOR:-1}))
+case ${YARN_FACTOR:-1} in
+4) LENGTH=${LENGTH:-130000} PPL_LENGTHS=${PPL_LENGTHS:-65536 131072} ;;
+2) LENGTH=${LENGTH:-65000} PPL_LENGTHS=${PPL_LENGTHS:-65536} ;;
+1) LENGTH=${LENGTH:-32500} PPL_LENGTHS=${PPL_LENGTHS:-32768} ;;
+*) echo "YARN_FACTOR=$YARN_FACTOR: 4, 2 or empty (the views run_real.sh makes)" >&2 && exit 2 ;;
+esac
 DEFAULT_CONFIG=${DEFAULT_CONFIG:-antidiagonal:0.9@x16,q}
 # per-layer budgets: the middle layers, where the loss is (2026-12-04's attribution), at a higher mass
 CANDIDATES=${CANDIDATES:-$DEFAULT_CONFIG antidiagonal:0.8@x16,q,M7-20=0.95 antidiagonal:0.8@x16,q,M7-20=0.97 antidiagonal:0.9@x16,q,M7-20=0.97 antidiagonal:0.7@x16,q,M7-20=0.95}
@@ -41,7 +58,7 @@ prep)
   timeout "${TESTS_TIMEOUT:-240}" $PY -m pytest -m gpu tests/ops --ignore=tests/ops/test_backend_dispatch.py -q -rfE \
     -p no:cacheprovider >"$OUT/pytest_gpu.log" 2>&1 &
   tests=$!
-  REAL_MODEL=qwen-coder ACCURACY=0 VARIANTS="" OUT=$STUDY/real bash bench/gpu/run_real.sh 2>&1 | tail -15
+  REAL_MODEL=$REAL_MODEL ACCURACY=0 VARIANTS="" OUT=$STUDY/real bash bench/gpu/run_real.sh 2>&1 | tail -15
   wait "$tests"
   tail -15 "$OUT/pytest_gpu.log"
   [ -f "$MODEL/config.json" ] || { log "no $MODEL: the conversion failed"; exit 2; }
@@ -52,7 +69,7 @@ dev)
   export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
   # shellcheck disable=SC2086  # lists
   timeout "${DEV_TIMEOUT:-500}" $PY -m bench.accuracy.ruler_forced run --model-dir "$MODEL" --out-dir "$STUDY/dev" \
-    --split dev --lengths ${DEV_LENGTHS:-130000} --prompts "${DEV_PROMPTS:-8}" --configs $DEV_CONFIGS 2>&1 \
+    --split dev --lengths ${DEV_LENGTHS:-$LENGTH} --prompts "${DEV_PROMPTS:-8}" --configs $DEV_CONFIGS 2>&1 \
     | grep -v -i warn | tee "$OUT/dev.log"
   # shellcheck disable=SC2086
   $PY -m bench.accuracy.ruler_forced choose "$STUDY/dev/summary.json" --among $CANDIDATES \
@@ -66,25 +83,29 @@ servers)
   flags=$($PY -c "from bench.accuracy.ruler_forced import server_flags as f; print(' '.join(f('$chosen')))")
   servers="stock: ;sp0: $flags"
   [ -n "${GUARD:-}" ] && servers="$servers;guard: $flags --prefill-ext-sparse-guard $GUARD"
-  log "chosen: $chosen; servers: $servers"
-  STEP=servers SERVERS=$servers OUT=$OUT bash bench/gpu/run_ruler.sh
+  [ -f "$STATE/servers" ] && STEP=stop OUT=$OUT bash bench/gpu/run_ruler.sh
+  log "chosen: $chosen; servers on $MODEL: $servers"
+  STEP=servers SERVERS=$servers MODEL=$MODEL CONTEXT=$CONTEXT OUT=$OUT bash bench/gpu/run_ruler.sh
+  echo "$MODEL" >"$STATE/model"
   ;;
 held)
-  [ -f /tmp/ruler-state/servers ] || { log "cold host: no servers"; exit 3; }
+  [ -f "$STATE/servers" ] || { log "cold host: no servers"; exit 3; }
+  served=$(cat "$STATE/model" 2>/dev/null)
+  [ "$served" = "$MODEL" ] || { log "the servers run $served, not $MODEL (YARN_FACTOR?)"; exit 3; }
   ask=${HELD_ASK:-stock sp0}
   log "asking: $ask (compared: stock sp0 ${HELD_EXTRA:-})"
-  TAG=${HELD_TAG:-held} ASK=$ask COMPARE="stock sp0 ${HELD_EXTRA:-}" OUT=$OUT STEP=ask \
-    RULER_ARGS="--split heldout --lengths ${HELD_LENGTHS:-130000} --prompts ${HELD_PROMPTS:-40} --first ${HELD_FIRST:-40}" \
+  TAG=${HELD_TAG:-held} ASK=$ask COMPARE="stock sp0 ${HELD_EXTRA:-}" MODEL=$MODEL OUT=$OUT STEP=ask \
+    RULER_ARGS="--split heldout --lengths ${HELD_LENGTHS:-$LENGTH} --prompts ${HELD_PROMPTS:-40} --first ${HELD_FIRST:-40}" \
     bash bench/gpu/run_ruler.sh
   ;;
 ppl)
   [ -f "$MODEL/config.json" ] || { log "cold host: no $MODEL"; exit 3; }
-  [ -f /tmp/ruler-state/servers ] && STEP=stop OUT=$OUT bash bench/gpu/run_ruler.sh
+  [ -f "$STATE/servers" ] && STEP=stop OUT=$OUT bash bench/gpu/run_ruler.sh
   chosen=$(cat "$STUDY/chosen" 2>/dev/null || echo "$DEFAULT_CONFIG")
   configs=$chosen
   [ "$chosen" = "$DEFAULT_CONFIG" ] || configs="$DEFAULT_CONFIG $chosen"
   for corpus in ${PPL_CORPORA:-package-code prose}; do
-    for length in ${PPL_LENGTHS:-65536 131072}; do
+    for length in $PPL_LENGTHS; do
       # shellcheck disable=SC2086  # lists
       $PY -m bench.accuracy.sparse_accuracy --model-dir "$MODEL" --corpus "$corpus" --length "$length" \
         --prompts "${PPL_PROMPTS:-4}" --configs $configs --json "$OUT/ppl-$corpus-$length.json" 2>&1 \

@@ -8,7 +8,9 @@ Sub-commands:
   run      calibrate (lone prompts, this server's time alone; its fit is the long requests'
            reference unless --alone-from names another run's capacity.json), then per workload sweep
            the load factors, highest first, each over --seeds; OUT_DIR/capacity.json (rewritten after
-           every point) and OUT_DIR/requests.jsonl (every request, tagged with its point)
+           every point) and OUT_DIR/requests.jsonl (every request, tagged with its point); with
+           --e2e-outputs, then the short requests' end-to-end latency on `mixed` at one load factor
+           shared by every variant (--e2e-factor), per output length
   compare  capacities of several runs side by side, each ext* variant over the best stock* one, the
            replay's predictions (--predicted) beside them with their error; the attainment-vs-rate
            curves as a PNG
@@ -42,6 +44,7 @@ from bench.lib.arrivals import mixed_load, rag_stream_repeating
 from bench.lib.capacity import STOPPED_MISSES, STOPPED_TIMEOUT, Point, Sweep, attainment, by_factor, capacity
 from bench.lib.client import Client, Record, flush_cache, server_info, wait_healthy
 from bench.lib.goodput import Targets, judge
+from bench.lib.stats import percentile
 from bench.serving import fit_pass_cost
 from bench.serving.report import Panel, plot_panels
 from bench.serving.ttft_bench import add_client_args, add_target_args, add_workload_args, targets_of
@@ -123,6 +126,10 @@ def verdict_met(rec: Record, targets: Targets) -> bool:
     return judge(rec.prompt_tokens, rec.cached_tokens or 0, rec.ttft_s, rec.tbt_s, targets).met
 
 
+def is_short(rec: Record, targets: Targets) -> bool:
+    return targets.is_short(rec.prompt_tokens - (rec.cached_tokens or 0))
+
+
 def certain_misses(client: Client, targets: Targets, now: float) -> int:
     """Completed requests that missed, and those still waiting for a first token past the loosest
     target their prompt could have (whatever of it turns out cached)."""
@@ -183,10 +190,7 @@ async def run_point(
         seed=seed,
         planned=point.planned,
         met=sum(verdict_met(r, targets) for r in records),
-        shorts=sum(
-            r.ttft_s is not None and targets.is_short(r.prompt_tokens - (r.cached_tokens or 0))
-            for r in records
-        ),
+        shorts=sum(r.ttft_s is not None and is_short(r, targets) for r in records),
         completed=len(records),
         stopped=stopped,
         wall_s=round(time.perf_counter() - t0, 3),
@@ -292,7 +296,40 @@ async def run(a: argparse.Namespace) -> int:
         for w in names:
             entry = result["workloads"][w] = {"unit": UNITS[w], "points": []}
             await sweep_workload(client, a, w, targets, info, entry, lambda: write(summary, result))
+        if a.e2e_outputs:
+            result["short_e2e"] = await short_e2e(client, a, targets, info.get("max_total_num_tokens"))
+            write(summary, result)
     return 0
+
+
+async def short_e2e(
+    client: Client, a: argparse.Namespace, targets: Targets, pool_tokens: int | None
+) -> dict[str, Any]:
+    """The short requests' end-to-end latencies (s, sorted) on `mixed` at --e2e-factor, a point per
+    output length of --e2e-outputs and each of --e2e-seeds, run to its end: the shorts' decode under load."""
+    by_output: dict[str, list[float]] = {}
+    stopped = []
+    for n_out in a.e2e_outputs:
+        args = copy.copy(a)
+        args.max_new_tokens = n_out
+        e2e: list[float] = []
+        for seed in range(a.e2e_seeds):
+            tokens = TokenSource(a.seed + seed, a.token_low, a.token_high)
+            point = scaled("mixed", args, a.e2e_factor, a.e2e_per_point, tokens)
+            done, records = await run_point(
+                client, args, "mixed", (a.e2e_factor, seed), point, point.planned, targets, pool_tokens
+            )
+            stopped += [f"{n_out} tokens, seed {seed}: {done.stopped}"] if done.stopped else []
+            e2e += [
+                r.e2e_s for r in records if r.error is None and r.e2e_s is not None and is_short(r, targets)
+            ]
+        by_output[str(n_out)] = sorted(e2e)
+        print(
+            f"[{a.label}] short e2e at mixed x{a.e2e_factor:g}, {n_out} tokens: p50 "
+            f"{percentile(e2e, 50) or 0:.3f} s, p99 {percentile(e2e, 99) or 0:.3f} s ({len(e2e)} shorts)",
+            flush=True,
+        )
+    return {"factor": a.e2e_factor, "e2e_s": by_output, "stopped": stopped}
 
 
 async def sweep_workload(
@@ -336,8 +373,6 @@ async def sweep_workload(
 
 def write(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=1))
-
-    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,12 +478,46 @@ def lone_rows(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     return [*lines, ""]
 
 
+def e2e_rows(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Each run's short requests' end-to-end latency per output length (p50, p99) and its ratio to
+    stock's (the run labelled `stock`, else the first stock* one)."""
+    e2e = {label: run["short_e2e"] for label, run in runs if run.get("short_e2e")}
+    if not e2e:
+        return []
+    stock = [label for label in e2e if label == "stock"] or [
+        label for label in e2e if label.startswith("stock")
+    ]
+    ref = e2e[stock[0]] if stock else None
+    outputs = sorted({int(n) for v in e2e.values() for n in v["e2e_s"]})
+    qs = (50, 99)
+    lines = [
+        f"### Short requests' end-to-end latency on mixed (s; / {stock[0] if stock else '-'})",
+        "",
+        "| variant | factor |" + "".join(f" {n} tokens p{q} |" for n in outputs for q in qs) + " shorts |",
+        "|---|---:|" + "---:|" * (len(outputs) * len(qs) + 1),
+    ]
+    for label, v in e2e.items():
+        cells = []
+        for n in outputs:
+            for q in qs:
+                mine = percentile(v["e2e_s"].get(str(n), []), q)
+                base = None if ref is None else percentile(ref["e2e_s"].get(str(n), []), q)
+                ratio = f" ({mine / base:.2f})" if mine is not None and base and v is not ref else ""
+                cells.append("-" if mine is None else f"{mine:.3f}{ratio}")
+        counts = "/".join(str(len(v["e2e_s"].get(str(n), []))) for n in outputs)
+        stopped = " (stopped: " + "; ".join(v["stopped"]) + ")" if v.get("stopped") else ""
+        lines.append(
+            f"| {label} | {v['factor']:g} |" + "".join(f" {c} |" for c in cells) + f" {counts}{stopped} |"
+        )
+    return [*lines, ""]
+
+
 def render(
     runs: Sequence[tuple[str, dict[str, Any]]], predicted: Sequence[tuple[str, dict[str, Any]]]
 ) -> str:
     workloads = workloads_of(runs)
     pred = dict(predicted)
-    lines: list[str] = lone_rows(runs)
+    lines: list[str] = lone_rows(runs) + e2e_rows(runs)
     for w in workloads:
         entry = next(run["workloads"][w] for _, run in runs if w in run.get("workloads", {}))
         best = best_stock(runs, w)
@@ -590,6 +659,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--deadline", type=float, default=0.0, help="unix time; points that would end past it are not run"
     )
+    s.add_argument(
+        "--e2e-outputs",
+        type=_ints,
+        default=[],
+        help="after the sweeps, the short requests' end-to-end latency on mixed at these output lengths",
+    )
+    s.add_argument(
+        "--e2e-factor",
+        type=float,
+        default=0.15,
+        help="the load factor of that phase, the same for every variant",
+    )
+    s.add_argument("--e2e-per-point", type=int, default=100, help="short requests per output length and seed")
+    s.add_argument("--e2e-seeds", type=int, default=1, help="seeds of that phase")
     add_workload_args(r)
     add_target_args(r)
     c = sub.add_parser("compare", help="capacities side by side, ratios, curves")

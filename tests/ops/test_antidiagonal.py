@@ -63,10 +63,13 @@ def _reference(q, k_buffer, locs, layout, stride, sm_scale) -> torch.Tensor:
     return out / out.sum(-1, keepdim=True)
 
 
-@pytest.mark.parametrize(("heads", "stride"), [((6, 2), 4), ((4, 4), 8), ((3, 1), 16)])
-def test_mass_matches_the_full_logit_matrix(heads: tuple[int, int], stride: int) -> None:
+@pytest.mark.parametrize(
+    ("heads", "head_dim", "stride"),
+    [((6, 2), 16, 4), ((4, 4), 16, 8), ((3, 1), 16, 16), ((14, 2), 64, 16)],  # last: Qwen2.5-Coder-0.5B's
+)
+def test_mass_matches_the_full_logit_matrix(heads: tuple[int, int], head_dim: int, stride: int) -> None:
     """Prefixes that do not end on a block or a packed row, a single-token request, shuffled slots."""
-    layout, q, k_buffer, locs = _batch(heads, 16, [0, 37, 5, 64], [90, 29, 1, 40])
+    layout, q, k_buffer, locs = _batch(heads, head_dim, [0, 37, 5, 64], [90, 29, 1, 40])
     per_q = antidiagonal_mass(q, k_buffer, locs, layout, stride, 0.3, per_query_head=True)
     torch.testing.assert_close(
         per_q, _reference(q, k_buffer, locs, layout, stride, 0.3), atol=1e-5, rtol=1e-4
