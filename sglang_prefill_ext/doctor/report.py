@@ -219,7 +219,7 @@ def text(report: dict[str, Any]) -> str:
             f"chunk blending: {blend['requests']:,} requests, {blend['chunk_tokens']:,} chunk tokens past the"
             f" prefix cache's match: {blend['reused_tokens']:,} reused from the chunk store ({blend['hits']:,}"
             f" chunks), {blend['recomputed_tokens']:,} recomputed in the chunks reused,"
-            f" {blend['computed_tokens']:,} computed in chunks the store missed"
+            f" {blend['computed_tokens']:,} computed in chunks not reused (missed, or computed whole)"
         )
     if not report["fingerprinted"]:
         lines.append(

@@ -52,10 +52,17 @@ MALFORMED = [[SYSTEM, SYSTEM + CHUNK], [SYSTEM + 10, SYSTEM + 20]]  # the second
 OFF_ROUNDS = [[FIRST], [FIRST], [SECOND], [SECOND], [SECOND]]
 OFF_SPANS = [None, [FIRST_SPANS], None, [SECOND_SPANS], [MALFORMED]]
 # blended: the chunks stored in one order, reused in another; a third order aborted after two passes,
-# then served whole; malformed spans
-BLEND_ROUNDS = [[FIRST], [SECOND], [THIRD], [THIRD], [SECOND]]
-BLEND_SPANS = [[FIRST_SPANS], [SECOND_SPANS], [THIRD_SPANS], [THIRD_SPANS], [MALFORMED]]
-STORED, REUSED, ABORTED, AGAIN, REFUSED = range(5)
+# then served whole; malformed spans; the second and third orders at once
+BLEND_ROUNDS = [[FIRST], [SECOND], [THIRD], [THIRD], [SECOND], [SECOND, THIRD]]
+BLEND_SPANS = [
+    [FIRST_SPANS],
+    [SECOND_SPANS],
+    [THIRD_SPANS],
+    [THIRD_SPANS],
+    [MALFORMED],
+    [SECOND_SPANS, THIRD_SPANS],
+]
+STORED, REUSED, ABORTED, AGAIN, REFUSED, BOTH = range(6)
 # a high static fraction: engines loading side by side take memory between its two readings
 SERVER = {"chunked_prefill_size": 512, "mem_fraction_static": 0.3}
 BLEND = {"blend": True, "blend_recompute_ratio": RATIO, "log_fingerprints": True, "fingerprint_block": 32}
@@ -192,29 +199,29 @@ def test_the_doctor_reports_what_blending_recovered(
     """The blended engine's own request log (with fingerprints) through the doctor: its finished
     blended requests' chunk tokens, those reused from the store beside those recomputed, and the prefix
     cache's hits without the reused chunks (the aborted request left out)."""
+    log_lines = served["blend"]["log"]
     log = tmp_path / "requests.jsonl"
-    log.write_text("".join(json.dumps(line) + "\n" for line in served["blend"]["log"]))
+    log.write_text("".join(json.dumps(line) + "\n" for line in log_lines))
     result = report.build([read_log(log)], PassCost())
-    finished = [
-        line for line in served["blend"]["log"] if line["error"] is None and line["blend"] is not None
-    ]
-    assert len(finished) == 3  # stored, reused, and the reordered prompt again after the abort
-    reused = sum(line["blend"]["reused_tokens"] for line in finished)
-    recomputed = sum(line["blend"]["recomputed_tokens"] for line in finished)
-    chunk = sum(line["blend"]["chunk_tokens"] for line in finished)
-    assert (reused, recomputed) == (8 * (CHUNK - HEAD) * 2 - 1, 8 * HEAD * 2 + 1 - HEAD)
+    finished = [line for line in log_lines if line["error"] is None]
+    blended = [line["blend"] for line in finished if line["blend"] is not None]
+    # stored (no hit), reused, the third order after the abort, the batch's blended one (8 hits each),
+    # the batch's other (computed whole)
+    assert len(blended) == 5
+    reused, recomputed, chunk = (
+        sum(b[key] for b in blended) for key in ("reused_tokens", "recomputed_tokens", "chunk_tokens")
+    )
     assert result["blend"] == {
-        "requests": 3,
-        "hits": 16,
+        "requests": 5,
+        "hits": 8 * 3,
         "chunk_tokens": chunk,
         "reused_tokens": reused,
         "recomputed_tokens": recomputed,
         "computed_tokens": chunk - reused - recomputed,
     }
-    # the tree's hits: none, the system prompt, it and the first chunk's head (after the abort), the probe's
-    (probe,) = [line["cached_tokens"] for line in served["blend"]["log"] if line["input_len"] == 3]
-    assert result["cached_tokens"] == SYSTEM + (SYSTEM + HEAD) + probe
-    assert f"{reused:,} reused from the chunk store (16 chunks)" in report.text(result)
+    tree_hits = [line["cached_tokens"] - (line["blend"] or {}).get("reused_tokens", 0) for line in finished]
+    assert result["cached_tokens"] == sum(tree_hits)
+    assert f"{reused:,} reused from the chunk store (24 chunks)" in report.text(result)
 
 
 def test_the_overlap_loop_serves_the_same(served: dict[str, dict[str, Any]]) -> None:
@@ -231,3 +238,18 @@ def test_the_overlap_loop_serves_the_same(served: dict[str, dict[str, Any]]) -> 
         assert lines(overlap)[rid]["blend"] == lines(blend)[rid]["blend"]
     assert lines(overlap)[f"round{ABORTED}-0"]["error"] is not None
     assert overlap["alive"] == served["stock"]["alive"]
+
+
+def test_a_second_blended_request_while_one_is_chunked_is_computed_whole(
+    served: dict[str, dict[str, Any]],
+) -> None:
+    """Two reordered prompts in one batch: the first admitted runs its blend plan as SGLang's one
+    chunked request (its first chunk's head in the tree: 1 token, 7 heads, the question); the other,
+    admitted while it is chunked, is computed from its match on in one pass, nothing reused, and ends
+    without error."""
+    blend = served["blend"]
+    first, second = (lines(blend)[f"round{BOTH}-{i}"] for i in range(2))
+    assert first["blend"]["hits"] == 8 and first["chunks"] == 9
+    assert second["blend"]["hits"] == second["blend"]["reused_tokens"] == 0
+    assert second["error"] is None and second["chunks"] == 1
+    assert blend["finish"][BOTH] == ["length", "length"]

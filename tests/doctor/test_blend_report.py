@@ -62,7 +62,8 @@ def test_the_report_says_what_blending_recovered_and_what_was_recomputed(tmp_pat
     assert result["cached_tokens"] == 100 + 100 + 300  # the prefix cache's hits, without the reused chunks
     assert (
         "chunk blending: 2 requests, 1,600 chunk tokens past the prefix cache's match: 600 reused from the "
-        "chunk store (4 chunks), 120 recomputed in the chunks reused, 880 computed in chunks the store missed"
+        "chunk store (4 chunks), 120 recomputed in the chunks reused, 880 computed in chunks not reused (missed, "
+        "or computed whole)"
     ) in report.text(result)
 
 
