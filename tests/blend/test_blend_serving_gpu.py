@@ -8,7 +8,8 @@
 - under `--prefill-ext-blend`: ratio 1 gives the full prefill's greedy ids; a reordered chunk set runs
   as the ratio's heads and the question (its `--prefill-ext-log` line: `chunks`, one pass each, and
   `blend`, the tokens reused and recomputed); malformed spans get a 400 with `parse_chunk_spans`'s
-  message. The same on the CPU, on a tiny model: tests/blend/test_blend_serving.py.
+  message, on `/generate` and on `/v1/completions`. The same on the CPU, on a tiny model:
+  tests/blend/test_blend_serving.py.
 """
 
 from __future__ import annotations
@@ -151,9 +152,18 @@ def test_a_reordered_set_runs_the_ratio_s_heads(tmp_path: Path) -> None:
 
 
 def test_malformed_spans_get_a_400(tmp_path: Path) -> None:
+    """On `/generate`, and on `/v1/completions` (a token-id prompt, the spans in the body as the OpenAI
+    client's `extra_body` puts them), which serves valid spans."""
     with _serve(tmp_path, "blend", "--enable-prefill-ext", "--prefill-ext-blend") as server:
-        ids, _ = _prompt("AB")
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            server.generate(ids, chunk_spans=[[0, 10], [5, 20]])
-        assert refused.value.code == 400
-        assert "starts before chunk_spans[0] ends (10)" in refused.value.read().decode()
+        ids, spans = _prompt("AB")
+        completion = {"model": "default", "prompt": ids, "max_tokens": NEW_TOKENS, "temperature": 0}
+        for send in (
+            lambda bad: server.generate(ids, chunk_spans=bad),
+            lambda bad: http_json(server.url + "/v1/completions", {**completion, "chunk_spans": bad}, 300),
+        ):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                send([[0, 10], [5, 20]])
+            assert refused.value.code == 400
+            assert "starts before chunk_spans[0] ends (10)" in refused.value.read().decode()
+        served = http_json(server.url + "/v1/completions", {**completion, "chunk_spans": spans}, 300)
+        assert served["usage"]["prompt_tokens"] == len(ids) and served["choices"]
