@@ -136,7 +136,9 @@ class PrefillExtConfig:
         "",
         "Append one JSON line per finished or aborted request to this file: rid, input_len, cached_tokens, "
         "deduped_tokens, chunks, queue_passes (scheduling passes it waited), budgeted_chunks (its chunks a "
-        "pass budget shortened), queue_ms, prefill_ms, ttft_ms, output_tokens, error. Empty: off.",
+        "pass budget shortened), queue_ms, prefill_ms, ttft_ms, output_tokens, error, blend (under "
+        "--prefill-ext-blend, a request with chunk_spans: its chunk tokens reused and recomputed, else null). "
+        "Empty: off.",
     )
     log_fingerprints: bool = _option(
         False,
