@@ -15,16 +15,14 @@ from typing import Any
 
 import pytest
 
-from sglang_prefill_ext import adapters
 from sglang_prefill_ext.doctor import report
 from sglang_prefill_ext.doctor.log import read_log
 from sglang_prefill_ext.patching import PatchSet
 from sglang_prefill_ext.runner.pass_cost import PassCost
 from tests.runner import engine_driver
+from tests.runner.conftest import ported
 
-pytestmark = pytest.mark.skipif(
-    adapters.installed_version() != "0.5.17", reason="--prefill-ext-blend is served on SGLang 0.5.17 only"
-)
+pytestmark = ported("blend")
 
 SYSTEM, QUESTION, CHUNK = 32, 24, 40
 NAMES = "ABCDEFGH"
