@@ -6,14 +6,17 @@ model forward (tests/runner/test_yield_layers.py). It runs in a subprocess of it
     python -m tests.runner.engine_driver RUN.json
 
 RUN.json: {"model": folder, "server": Engine keywords, "rounds": [[[token ids], ...], ...],
-"max_new_tokens": N}. Each round's prompts go in one `generate` call (in order: the first is admitted
-first), one round after the other. It prints one JSON line: per round, each prompt's greedy output ids
-and their logprobs; then, after the scheduler had time to run its idle check (strict: a leak raises
-there, SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE), one more request's output: `alive`.
+"max_new_tokens": N, "flush_rounds": [round index, ...] (optional)}. Each round's prompts go in one
+`generate` call (in order: the first is admitted first), one round after the other; while a flush
+round's call runs, the cache is flushed over and over (`/flush_cache`, which SGLang grants only while
+idle). It prints one JSON line: per round, each prompt's greedy output ids and their logprobs; then,
+after the scheduler had time to run its idle check (strict: a leak raises there,
+SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE), one more request's output: `alive`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -60,16 +63,29 @@ def engine_kwargs(model: str, server: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def generate_flushing(engine: Any, prompts: list[list[int]], params: dict[str, Any]) -> list[dict]:
+    """`prompts`' outputs, the cache flushed again and again until they came back."""
+    outputs = asyncio.ensure_future(
+        engine.async_generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+    )
+    while not outputs.done():
+        await engine.tokenizer_manager.flush_cache()
+    return await outputs
+
+
 def main(run_file: str) -> int:
     import sglang
 
     run = json.loads(Path(run_file).read_text())
     engine = sglang.Engine(**engine_kwargs(run["model"], run["server"]))
+    flush_rounds = set(run.get("flush_rounds", ()))
     try:
         params = {"max_new_tokens": run["max_new_tokens"], "temperature": 0.0}
         rounds = [
-            engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
-            for prompts in run["rounds"]
+            engine.loop.run_until_complete(generate_flushing(engine, prompts, params))
+            if i in flush_rounds
+            else engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+            for i, prompts in enumerate(run["rounds"])
         ]
         time.sleep(IDLE_CHECK_S)
         alive = engine.generate(

@@ -1,8 +1,8 @@
-"""A lone long prompt's pass in layer slices, a short request run between two slices
-(--prefill-ext-yield-layers), on real SGLang with a model forward: `sglang.Engine` on the CPU
-(tests/runner/engine_driver.py: a tiny random Llama of 8 layers, the normal event loop, the KV
-pools' strict busy and idle checks on), against the same engine stock and with the extension but no
-slicing. Three engines, started side by side once for the module (~30 s each)."""
+"""A lone long prompt's pass in layer slices, a short request run between two slices, cache flushes
+asked for while slices run (--prefill-ext-yield-layers), on real SGLang with a model forward:
+`sglang.Engine` on the CPU (tests/runner/engine_driver.py: a tiny random Llama of 8 layers, the normal
+event loop, the KV pools' strict busy and idle checks on), against the same engine stock and with the
+extension but no slicing. Three engines, started side by side once for the module (~30 s each)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ from tests.runner.conftest import ported
 CHUNK = 256
 LONG = 1000  # four chunks: 256, 256, 256, 232
 SHORT = 40
+ONE_CHUNK = 200  # a lone prompt of one chunk, sliced
 YIELD = {"yield_layers": 3, "short_max_tokens": 64}  # slices of layers [0, 3), [3, 6), [6, 8)
 ROUND_LONE, ROUND_SHORT = 0, 1
+FLUSH_ROUNDS = list(range(2, 8))
 
 pytestmark = ported("yield_layers")
 
@@ -33,8 +35,11 @@ def prompt(n: int, seed: int) -> list[int]:
     return [3 + (i * 7 + seed * 13) % 500 for i in range(n)]
 
 
-# round 0: a long prompt alone; round 1: another long prompt, then a short one arriving behind it
-ROUNDS = [[prompt(LONG, 1)], [prompt(LONG, 2), prompt(SHORT, 3)]]
+# round 0: a long prompt alone; round 1: another long prompt, then a short one arriving behind it;
+# FLUSH_ROUNDS: a one-chunk prompt alone each, the cache flushed over and over while it runs
+ROUNDS = [[prompt(LONG, 1)], [prompt(LONG, 2), prompt(SHORT, 3)]] + [
+    [prompt(ONE_CHUNK, seed)] for seed in range(4, 4 + len(FLUSH_ROUNDS))
+]
 
 
 def serve(tmp: Path, name: str, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -46,7 +51,15 @@ def serve(tmp: Path, name: str, options: dict[str, Any] | None) -> dict[str, Any
         server |= {"enable_prefill_ext": True, "prefill_ext_options": {**options, **logs}}
     run = tmp / f"{name}.json"
     run.write_text(
-        json.dumps({"model": str(tmp / "model"), "server": server, "rounds": ROUNDS, "max_new_tokens": 8})
+        json.dumps(
+            {
+                "model": str(tmp / "model"),
+                "server": server,
+                "rounds": ROUNDS,
+                "max_new_tokens": 8,
+                "flush_rounds": FLUSH_ROUNDS,
+            }
+        )
     )
     env = {**os.environ, **engine_driver.ENV}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(engine_driver.STUBS), env.get("PYTHONPATH")]))
@@ -115,7 +128,20 @@ def test_the_pools_stay_exact_with_a_short_interleaved(served: dict[str, dict[st
     there and the scheduler dies): the engine still serves, and no request ended in an error."""
     sliced = served["sliced"]
     assert sliced["alive"] == served["stock"]["alive"]
-    assert len(sliced["log"]) == 4 and all(r["error"] is None for r in sliced["log"])
+    assert len(sliced["log"]) == 4 + len(FLUSH_ROUNDS) and all(r["error"] is None for r in sliced["log"])
+
+
+def test_a_flush_asked_for_between_slices_waits_for_the_sliced_prompt(
+    served: dict[str, dict[str, Any]],
+) -> None:
+    """A one-chunk prompt alone is sliced with nothing else in the scheduler: the flushes received
+    between its slices find it in flight (SGLang's `last_batch`), not an idle scheduler, so none takes
+    its KV slots or request slot from under it. Its outputs are stock's, the pools exact."""
+    stock, sliced = served["stock"], served["sliced"]
+    assert [sliced["outputs"][i] for i in FLUSH_ROUNDS] == [stock["outputs"][i] for i in FLUSH_ROUNDS]
+    assert [sliced["logprobs"][i] for i in FLUSH_ROUNDS] == [stock["logprobs"][i] for i in FLUSH_ROUNDS]
+    lone = [p for p in sliced["pass_log"] if p["reqs"] == [[ONE_CHUNK, 0, 0]]]
+    assert len(lone) == len(FLUSH_ROUNDS)
 
 
 def test_without_the_flag_the_extension_serves_stocks_outputs_unsliced(
