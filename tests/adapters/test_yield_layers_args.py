@@ -34,6 +34,9 @@ def test_the_overlap_loop_refused(sglang_harness: ModuleType) -> None:
         (("--enable-two-batch-overlap",), "--enable-two-batch-overlap"),
         (("--pp-size", "2"), "--pp-size above 1"),
         (("--speculative-algorithm", "EAGLE"), "--speculative-algorithm"),
+        (("--enable-lora",), "LoRA adapters"),
+        (("--lora-paths", "adapter=/nowhere"), "LoRA adapters"),
+        (("--prefill-ext-sparse",), "--prefill-ext-sparse"),
     ],
 )
 def test_what_it_cannot_combine_with_refused(

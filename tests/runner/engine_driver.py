@@ -9,8 +9,11 @@ which it never calls there):
 RUN.json: {"model": folder, "server": Engine keywords, "rounds": [[[token ids], ...], ...],
 "max_new_tokens": N}, and optionally "spans": per round, each prompt's `chunk_spans` (or null), and
 "abort": {"round": R, "after_passes": P}: round R's one prompt is aborted once the extension's pass log
-(`--prefill-ext-pass-log`) has P more lines. Each round's prompts go in one `generate` call (in order:
-the first is admitted first), one round after the other. It prints one JSON line: per round, each
+(`--prefill-ext-pass-log`) has P more lines, "stagger": {"round": R, "after_passes": P}: round R's
+later prompts are sent once its first one's pass log has P more lines (at once on stock, which keeps
+none), and "flush_rounds": [R, ...]: while such a round's call runs, the cache is flushed over and over
+(`/flush_cache`, which SGLang grants only while idle). Each round's prompts go in one `generate` call
+(in order: the first is admitted first), one round after the other. It prints one JSON line: per round, each
 prompt's greedy output ids, their logprobs and its finish reason, or the round's error (a
 `ValueError`: the HTTP server's 400); then, after the scheduler had time to run its idle check (strict:
 a leak raises there, SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE), one more request's output: `alive`.
@@ -97,37 +100,55 @@ def engine_kwargs(model: str, server: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def pass_log(run: dict[str, Any]) -> Path | None:
+    """The extension's pass log (None: stock, or no log asked for)."""
+    path = run["server"].get("prefill_ext_options", {}).get("pass_log")
+    return None if path is None else Path(path)
+
+
 def passes(run: dict[str, Any]) -> int:
     """Lines in the extension's pass log so far (0 when it has none yet)."""
-    path = Path(run["server"].get("prefill_ext_options", {}).get("pass_log", ""))
-    return len(path.read_text().splitlines()) if path.is_file() else 0
+    path = pass_log(run)
+    return len(path.read_text().splitlines()) if path is not None and path.is_file() else 0
 
 
 def generate(engine: Any, run: dict[str, Any], index: int) -> list[dict[str, Any]] | str:
-    """Round `index` as one batch, through the tokenizer manager as `Engine.generate` sends it (with
-    its `chunk_spans`); the `ValueError` it raises as text."""
+    """Round `index` as one batch (a staggered round: its first prompt, then the rest), through the
+    tokenizer manager as `Engine.generate` sends it (with its `chunk_spans`); the `ValueError` it raises
+    as text."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     prompts = run["rounds"][index]
     spans = run.get("spans", [None] * len(run["rounds"]))[index]
-    obj = GenerateReqInput(
-        input_ids=prompts,
-        sampling_params={"max_new_tokens": run["max_new_tokens"], "temperature": 0.0},
-        return_logprob=True,
-        rid=[f"round{index}-{i}" for i in range(len(prompts))],
-        chunk_spans=spans,
-    )
-    abort = run.get("abort", {})
+    abort, stagger = run.get("abort", {}), run.get("stagger", {})
+    cut = 1 if stagger.get("round") == index else len(prompts)
+
+    async def send(lo: int, hi: int) -> list[dict[str, Any]]:
+        obj = GenerateReqInput(
+            input_ids=prompts[lo:hi],
+            sampling_params={"max_new_tokens": run["max_new_tokens"], "temperature": 0.0},
+            return_logprob=True,
+            rid=[f"round{index}-{i}" for i in range(lo, hi)],
+            chunk_spans=None if spans is None else spans[lo:hi],
+        )
+        return await engine.tokenizer_manager.generate_request(obj, None).__anext__()
 
     async def outputs() -> list[dict[str, Any]]:
         start = passes(run)
-        task = asyncio.ensure_future(engine.tokenizer_manager.generate_request(obj, None).__anext__())
-        while abort.get("round") == index and not task.done():
+        first = asyncio.ensure_future(send(0, cut))
+        tasks = [first]
+        if cut < len(prompts):  # stock keeps no pass log: the rest at once
+            while pass_log(run) and passes(run) - start < stagger["after_passes"] and not first.done():
+                await asyncio.sleep(0.001)
+            tasks.append(asyncio.ensure_future(send(cut, len(prompts))))
+        while abort.get("round") == index and not first.done():
             if passes(run) - start >= abort["after_passes"]:
-                engine.tokenizer_manager.abort_request(obj.rid[0])
+                engine.tokenizer_manager.abort_request(f"round{index}-0")
                 break
             await asyncio.sleep(0.001)
-        return await task
+        while index in run.get("flush_rounds", ()) and not all(t.done() for t in tasks):
+            await engine.tokenizer_manager.flush_cache()
+        return [out for task in tasks for out in await task]
 
     try:
         return engine.loop.run_until_complete(outputs())

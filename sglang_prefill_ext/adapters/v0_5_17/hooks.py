@@ -52,7 +52,8 @@ def validate_server_args(server_args: ServerArgs) -> None:
 
 def validate_yield_layers(server_args: ServerArgs) -> None:
     """Refuse --prefill-ext-yield-layers where the sliced pass could not run: the overlap event loop
-    (its pending result is not sliced), pipeline parallelism, or a YIELD_LAYERS_CONFLICTS flag."""
+    (its pending result is not sliced), pipeline parallelism, LoRA adapters, block-sparse prefill, or
+    a YIELD_LAYERS_CONFLICTS flag."""
     ext_config = common.prefill_ext_config(server_args)
     if ext_config is None or not ext_config.yield_layers:
         return
@@ -65,6 +66,14 @@ def validate_yield_layers(server_args: ServerArgs) -> None:
     found = [why for name, why in YIELD_LAYERS_CONFLICTS.items() if getattr(server_args, name, None)]
     if server_args.pp_size > 1:
         found.append("--pp-size above 1 (a slice's layers would span pipeline stages)")
+    if server_args.enable_lora or server_args.lora_paths:
+        # ForwardBatch.init_new sets the LoRA manager's one batch info; a pass between two slices resets it
+        found.append("LoRA adapters (the pass between two slices would reset the adapters' batch info)")
+    if ext_config.sparse:
+        # the sparse path takes EXTEND and MIXED batches; a sliced pass is SPLIT_PREFILL (sparse.EXTEND_MODES)
+        found.append(
+            f"{option_name('sparse')} (a sliced pass would run dense: the sparse path takes no split prefill)"
+        )
     if found:
         raise OptionError(f"{flag} cannot be combined with: {'; '.join(found)}")
 

@@ -184,12 +184,19 @@ def received(scheduler: Scheduler, req: Req, recv_req: TokenizedGenerateReqInput
 
 def run_batch(scheduler: Scheduler, batch: ScheduleBatch) -> Any:
     """The normal event loop's launch of `batch`: in layer slices where the extension's scheduler
-    says so (`PrefillExtScheduler.slices`), else `scheduler.run_batch(batch)`."""
+    says so (`PrefillExtScheduler.slices`), else `scheduler.run_batch(batch)`.
+
+    A sliced batch is the scheduler's `last_batch` from its first slice on (the loop makes it so once
+    it returns): the requests received between its slices must find it in flight, as stock's next
+    receive finds the batch it launched. Else its request, in no queue or batch SGLang looks at, is
+    lost to an abort (`abort_request`: the running and last batches) and, with nothing else running
+    or waiting, `is_fully_idle` holds, so a `/flush_cache` clears the pools under it."""
     glue = scheduler.prefill_ext_scheduler
     if glue is None or not glue.slices(batch, scheduler.running_batch):
         return scheduler.run_batch(batch)
     from sglang_prefill_ext.adapters.v0_5_17.layer_yield import ServerEngine, run_sliced
 
+    scheduler.last_batch = batch
     return run_sliced(scheduler, glue, batch, ServerEngine(scheduler))
 
 
