@@ -4,8 +4,6 @@ clock from bench.replay.mixed_replay), KV accounting checked every pass."""
 
 from __future__ import annotations
 
-import importlib
-import random
 from collections.abc import Iterable
 from types import ModuleType, SimpleNamespace
 
@@ -14,16 +12,11 @@ import pytest
 from sglang_prefill_ext.config import PrefillExtConfig
 from sglang_prefill_ext.patching import PatchSet
 from sglang_prefill_ext.runner.pass_cost import PassCost
-from tests.runner.conftest import ported
+from tests.runner.conftest import lone_prompt, ported
 
 COST = PassCost()
 GOODPUT = ("--prefill-ext-tbt-target-ms", "100")
 PRESYNC = (*GOODPUT, "--prefill-ext-lone-chunk-sync", "false")
-
-
-@pytest.fixture(scope="module")
-def mixed(patched_sglang: PatchSet) -> ModuleType:
-    return importlib.import_module("bench.replay.mixed_replay")
 
 
 class Batch:
@@ -117,16 +110,6 @@ def test_the_patched_overlap_loop_forms_the_next_batch_after_a_lone_chunks_resul
 def test_the_flag_is_on_by_default_and_reads_false() -> None:
     assert PrefillExtConfig().lone_chunk_sync
     assert not PrefillExtConfig.from_options({"lone_chunk_sync": "false"}).lone_chunk_sync
-
-
-def lone_prompt(mixed: ModuleType, replay: ModuleType, tokens: int, shorts_at_ms: Iterable[float]) -> list:
-    """A `tokens`-token prompt at 0 ms, 1K-token shorts generating 8 tokens at `shorts_at_ms`."""
-    rng = random.Random(1)
-    out = [mixed.Arrival(0.0, replay.TraceReq("long", tuple(replay._tokens(rng, tokens))), "long")]
-    for i, at in enumerate(shorts_at_ms):
-        req = replay.TraceReq(f"s{i}", tuple(replay._tokens(rng, 1024)), max_new_tokens=8)
-        out.append(mixed.Arrival(at, req, "short"))
-    return out
 
 
 def timed(

@@ -6,16 +6,13 @@ every pass, those between slices included. The forward itself is tests/runner/te
 from __future__ import annotations
 
 import importlib
-import random
-from collections.abc import Iterable
 from types import ModuleType
 
 import pytest
 
 from bench.lib.variants import VARIANTS
-from sglang_prefill_ext.patching import PatchSet
 from sglang_prefill_ext.runner.pass_cost import PassCost
-from tests.runner.conftest import ported
+from tests.runner.conftest import lone_prompt, ported
 
 COST = PassCost()
 LAYERS = 32  # bench/models/llama3-8b-dummy
@@ -24,21 +21,6 @@ GOODPUT = ("--prefill-ext-tbt-target-ms", "100")
 SLICED = (*GOODPUT, "--prefill-ext-yield-layers", str(PER_SLICE))
 
 pytestmark = ported("yield_layers", "tbt_target_ms")
-
-
-@pytest.fixture(scope="module")
-def mixed(patched_sglang: PatchSet) -> ModuleType:
-    return importlib.import_module("bench.replay.mixed_replay")
-
-
-def lone_prompt(mixed: ModuleType, replay: ModuleType, tokens: int, shorts_at_ms: Iterable[float]) -> list:
-    """A `tokens`-token prompt at 0 ms, 1K-token shorts generating 8 tokens at `shorts_at_ms`."""
-    rng = random.Random(1)
-    out = [mixed.Arrival(0.0, replay.TraceReq("long", tuple(replay._tokens(rng, tokens))), "long")]
-    for i, at in enumerate(shorts_at_ms):
-        req = replay.TraceReq(f"s{i}", tuple(replay._tokens(rng, 1024)), max_new_tokens=8)
-        out.append(mixed.Arrival(at, req, "short"))
-    return out
 
 
 def timed(mixed: ModuleType, replay: ModuleType, trace: list, extra: tuple[str, ...]) -> object:
