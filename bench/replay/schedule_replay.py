@@ -552,10 +552,10 @@ class ReplayScheduler:
 
     def _finish_decode(self, batch: ScheduleBatch) -> None:
         """The result of one decode step: each request emits `OUTPUT_TOKEN`, and those reaching their
-        `max_new_tokens` are released into the tree as `process_batch_result_decode` does."""
+        `max_new_tokens` are released into the tree as `process_batch_result_decode` does; as there, the
+        finished stay in the running batch until a pass with no prefill filters them."""
         for req in self.kit.finish_decode(self.scheduler, batch, OUTPUT_TOKEN):
             self.finished[req.rid] = req
-        batch.filter_batch()
         batch.batch_is_full = False
         self.decode_steps += 1
 

@@ -43,6 +43,18 @@ Req = Any  # the version's `Req`
 Adder = Any  # the version's `PrefillAdder`
 
 
+def finished_in(running_batch: Any) -> int:
+    """How many of SGLang's running batch's requests finished: they stay in it until a pass with no
+    prefill to form filters them (`update_running_batch`), so while a prompt arriving as the last
+    request finished is chunked they still count in its size, though nobody decodes."""
+    return 0 if running_batch is None else sum(1 for req in running_batch.reqs if req.finished())
+
+
+def nobody_decodes(running_batch: Any) -> bool:
+    """No request of SGLang's running batch still decodes (`finished_in`)."""
+    return finished_in(running_batch) == len(running_batch.reqs)
+
+
 def _ms(start: float, end: float) -> float:
     return round(1e3 * (end - start), 3) if start and end else -1.0
 
@@ -128,6 +140,7 @@ class PrefillExtScheduler:
         self._adder: Adder | None = None
         self._tracked = 0
         self._waiting: list[Req] = []
+        self._finished_running = 0  # in the running batch at this pass's calc_priority
 
     # ----- what each version spells its own way -----
 
@@ -160,7 +173,7 @@ class PrefillExtScheduler:
     def forms_after_result(self, last_batch: Any, running_batch: Any, chunked_req: Req) -> bool:
         """The overlap event loop's question before it forms the next batch: wait for `last_batch`'s
         result first? True when `last_batch` was a lone long prompt's chunk that continues (its only
-        request is `chunked_req`) and nobody decodes (`running_batch` empty), under goodput scheduling
+        request is `chunked_req`) and nobody decodes (`nobody_decodes`), under goodput scheduling
         with `--prefill-ext-lone-chunk-sync`: the next chunk is then formed once the running one
         finished, with the short requests that arrived while it ran, instead of ahead of them."""
         self._synced = (
@@ -170,7 +183,7 @@ class PrefillExtScheduler:
             and last_batch.forward_mode.is_extend()
             and len(last_batch.reqs) == 1
             and last_batch.reqs[0] is chunked_req
-            and running_batch.is_empty()
+            and nobody_decodes(running_batch)
         )
         return self._synced
 
@@ -184,13 +197,14 @@ class PrefillExtScheduler:
             and not batch.forward_mode.is_mixed()
             and len(batch.reqs) == 1
             and batch.extend_num_tokens > self.config.short_max_tokens
-            and running_batch.is_empty()
+            and nobody_decodes(running_batch)
         )
 
     def calc_priority(self, waiting_queue: list[Req], running_batch: Any = None, **stock: Any) -> None:
         """In place of `SchedulePolicy.calc_priority` (`stock`: that version's further arguments)."""
         self.runner.begin_pass(waiting_queue, self.landed)
         self._adder, self._tracked, self._waiting = None, 0, waiting_queue
+        self._finished_running = finished_in(running_batch)
         self._chunk_continues = False
         if self.schedule == "stock":
             self.policy.calc_priority(waiting_queue, running_batch, **stock)
@@ -213,8 +227,10 @@ class PrefillExtScheduler:
         self, chunked_prefill_size: int | None, decoding: int, chunked_req: Req = None
     ) -> int | None:
         """This pass's chunked-prefill budget with `decoding` requests running (None: chunking off)
-        and `chunked_req` (SGLang's chunked request, if one continues this pass)."""
+        and `chunked_req` (SGLang's chunked request, if one continues this pass). `decoding` is the
+        running batch's size, less those `calc_priority` found finished."""
         config = self.config
+        decoding -= self._finished_running
         self._riding = decoding if self.mixed_chunk else 0
         if chunked_prefill_size is None or self.between_slices:  # between slices: nobody is chunked
             self._plan = PassPlan(0)

@@ -11,7 +11,8 @@ RUN.json: {"model": folder, "server": Engine keywords, "rounds": [[[token ids], 
 "abort": {"round": R, "after_passes": P}: round R's one prompt is aborted once the extension's pass log
 (`--prefill-ext-pass-log`) has P more lines, "stagger": {"round": R, "after_passes": P}: round R's
 later prompts are sent once its first one's pass log has P more lines (at once on stock, which keeps
-none), and "flush_rounds": [R, ...]: while such a round's call runs, the cache is flushed over and over
+none), "hold_slice": a request id, whose first slice of a later chunk waits until a request arrives
+(engine_stubs/sitecustomize.py), and "flush_rounds": [R, ...]: while such a round's call runs, the cache is flushed over and over
 (`/flush_cache`, which SGLang grants only while idle). Each round's prompts go in one `generate` call
 (in order: the first is admitted first), one round after the other. It prints one JSON line: per round, each
 prompt's greedy output ids, their logprobs and its finish reason, or the round's error (a
@@ -67,6 +68,8 @@ def serve(tmp: Path, name: str, run: dict[str, Any], options: dict[str, Any] | N
     run_file.write_text(json.dumps({**run, "model": str(tmp / "model"), "server": server}))
     env = {**os.environ, **ENV}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STUBS), env.get("PYTHONPATH")]))
+    if "hold_slice" in run:
+        env["PREFILL_EXT_TEST_HOLD_SLICE"] = run["hold_slice"]
     done = subprocess.run(
         [sys.executable, "-m", "tests.runner.engine_driver", str(run_file)],
         capture_output=True,

@@ -46,8 +46,9 @@ def serve(tmp: Path, name: str, options: dict[str, Any] | None) -> dict[str, Any
         "rounds": ROUNDS,
         "max_new_tokens": 8,
         "flush_rounds": FLUSH_ROUNDS,
-        # the short once the long prompt's first chunk ran: behind its next chunk, whatever the CPU's load
+        # the short once the long prompt's first chunk ran, arriving while a slice of a later chunk runs
         "stagger": {"round": ROUND_SHORT, "after_passes": 1},
+        "hold_slice": f"round{ROUND_SHORT}-0",
     }
     return engine_driver.serve(tmp, name, run, options)
 

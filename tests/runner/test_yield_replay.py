@@ -5,6 +5,7 @@ every pass, those between slices included. The forward itself is tests/runner/te
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 
@@ -54,6 +55,25 @@ def test_shorts_arriving_mid_chunk_wait_one_slice_not_the_chunk(
         assert sliced.ttft_ms[rid] < 2 * (one_slice + short_pass)
     assert max(sliced.gaps()) <= 110.0
     assert sliced.ttft_ms["long"] > whole.ttft_ms["long"]  # the long prompt pays the passes between
+
+
+def test_a_prompt_arriving_as_the_last_decode_finishes_is_still_alone(
+    replay: ModuleType, mixed: ModuleType
+) -> None:
+    """A 32K prompt arrives the moment a short request's last token is out. SGLang keeps that finished
+    request in its running batch (a pass with no prefill filters it), yet nobody decodes: the prompt
+    gets the chunks it gets with no request before it (not TBT-sized ones), its chunks are sliced, and
+    a short arriving 22 ms in waits one slice."""
+    long, early, late = lone_prompt(mixed, replay, 32768, [0.0, 22.0])
+    done_ms = timed(mixed, replay, [early], SLICED).e2e_ms["s0"]
+    trace = [early, dataclasses.replace(long, ms=done_ms), dataclasses.replace(late, ms=done_ms + 22.0)]
+    sliced = timed(mixed, replay, trace, SLICED)
+    alone = timed(mixed, replay, [long, dataclasses.replace(late, ms=22.0)], SLICED)
+    assert sliced.kv_errors == []
+    assert sliced.chunks["long"] == alone.chunks["long"]
+    one_slice = slice_ms(mixed, 8192, 0)
+    short_pass = COST.fixed_ms + COST.variable_ms(1024, 0)
+    assert sliced.ttft_ms["s1"] < 2 * (one_slice + short_pass)
 
 
 @pytest.mark.parametrize("tokens", [8192, 32768])
