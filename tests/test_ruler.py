@@ -24,8 +24,9 @@ def decode(ids: list[int]) -> str:
 
 
 def haystack(n: int) -> list[int]:
-    line = encode("x = compute(value)  # a line of real-looking code\n")
-    return (line * (n // len(line) + 1))[:n]
+    """Lines of 49 characters, each its own: the passage question needs a quote found once."""
+    lines = (encode(f"x = compute(value_{i:06d})  # a line of real code\n") for i in range(n // 49 + 1))
+    return [t for line in lines for t in line][:n]
 
 
 def family(case: tasks.Case, name: str) -> list[tasks.Question]:
@@ -33,14 +34,16 @@ def family(case: tasks.Case, name: str) -> list[tasks.Question]:
 
 
 def make_case(length: int = 20_000, seed: int = 7) -> tasks.Case:
-    return tasks.build_case(haystack(length), encode, lambda t: t == NEWLINE, length, random.Random(seed))
+    return tasks.build_case(
+        haystack(length), encode, decode, lambda t: t == NEWLINE, length, random.Random(seed)
+    )
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_every_needle_sits_whole_at_a_line_start_near_its_depth(seed: int) -> None:
     rng = random.Random(seed)
     plan = tasks.plan_case(random.Random(seed))
-    case = tasks.build_case(haystack(30_000), encode, lambda t: t == NEWLINE, 30_000, rng)
+    case = tasks.build_case(haystack(30_000), encode, decode, lambda t: t == NEWLINE, 30_000, rng)
     assert [text for text, _ in case.needle_at] == [n.text for n in plan.needles]
     inserted = sum(len(n.text) + 1 for n in plan.needles)
     body = len(case.context) - inserted
@@ -48,7 +51,7 @@ def test_every_needle_sits_whole_at_a_line_start_near_its_depth(seed: int) -> No
         assert decode(case.context[at : at + len(text)]) == text
         assert at == 0 or case.context[at - 1] == NEWLINE
         before = sum(len(t) + 1 for t, a in case.needle_at if a < at)  # needles placed before it
-        assert abs((at - before) / body - needle.depth) < 0.01  # the nearest line start: 52-char lines
+        assert abs((at - before) / body - needle.depth) < 0.01  # the nearest line start: 49-char lines
 
 
 def test_each_prompt_is_the_context_then_its_question_within_the_length() -> None:
@@ -114,7 +117,7 @@ def test_keys_values_and_words_never_repeat_across_families() -> None:
 
 def test_too_little_text_is_refused() -> None:
     with pytest.raises(ValueError, match="cannot fill"):
-        tasks.build_case(haystack(500), encode, lambda t: t == NEWLINE, 20_000, random.Random(0))
+        tasks.build_case(haystack(500), encode, decode, lambda t: t == NEWLINE, 20_000, random.Random(0))
 
 
 @pytest.mark.parametrize(
@@ -214,3 +217,36 @@ def test_choose_takes_the_fastest_passing_run_else_the_one_losing_least(tmp_path
     del results["fast_ok"], results["slow_ok"]
     results["lossier"] = ruler.compare(dense, ruler.load(_rows(tmp_path / "e.jsonl", [False] * 10, ttft=0.1)))
     assert ruler.choose(results) == "fastest_lossy"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_passage_question_quotes_a_haystack_line_found_once_and_asks_its_rest(seed: int) -> None:
+    case = make_case(seed=seed)
+    (q,) = family(case, "passage")
+    context = decode(case.context)
+    at = case.passage_at
+    assert at == 0 or case.context[at - 1] == NEWLINE
+    assert at not in {a for _, a in case.needle_at}
+    line = decode(case.context[at:]).split("\n", 1)[0].strip()
+    quote = q.text.split('begins with "', 1)[1].split('".\n', 1)[0]
+    assert context.count(quote) == 1 and line.startswith(quote) and len(line) >= tasks.PASSAGE_MIN_CHARS
+    assert line[len(quote) :].split() == q.answers[0].split()
+    assert q.text.endswith(f"Answer: {quote}")  # the model goes on with the line's rest
+    assert 0.01 < at / len(case.context) < 0.99
+    assert len(case.prompts[case.questions.index(q)]) <= 20_000
+
+
+def test_passage_scoring_takes_the_rest_of_the_line_spaces_aside() -> None:
+    q = tasks.Question("passage", "", ("# a line of real code",), 16)
+    assert tasks.score(q, " # a line of real code\nx = compute(value_000002)")
+    assert tasks.score(q, "  #  a line of  real code ")
+    assert not tasks.score(q, " # a line of real")
+    assert not tasks.score(q, " # a line of real code, and more")
+    assert not tasks.score(q, " # a line of\nreal code")  # the rest on the answer's first line
+
+
+def test_a_haystack_with_no_line_found_once_cannot_be_quoted() -> None:
+    line = encode("x = compute(value)  # the same line of code, again and again\n")
+    hay = (line * 1000)[:20_000]
+    with pytest.raises(ValueError, match="no line of the haystack can be quoted"):
+        tasks.build_case(hay, encode, decode, lambda t: t == NEWLINE, 20_000, random.Random(0))

@@ -74,7 +74,7 @@ def cases_of(
             ids, fingerprint = streams[corpus]
             rng = random.Random(f"{seed}:{length}")
             offset = rng.randrange(len(ids) - length)
-            case = tasks.build_case(ids[offset:], encode, ends_line, length, rng)
+            case = tasks.build_case(ids[offset:], encode, tokenizer.decode, ends_line, length, rng)
             fields = dict(
                 split=split,
                 corpus=corpus,

@@ -9,7 +9,9 @@ first line. Families (after RULER, Hsieh et al. 2024):
 - `multivalue`: four numbers under one key, all asked;
 - `multiquery`: four keys, all four numbers asked;
 - `vartrack`: a five-variable assignment chain beside a distractor chain, every variable holding the value asked;
-- `commonwords`: `Tag:` lines, three tags five times each among fifteen once; the three most frequent asked.
+- `commonwords`: `Tag:` lines, three tags five times each among fifteen once; the three most frequent asked;
+- `passage`: no needle: a line of the haystack's own text (at least PASSAGE_MIN_CHARS, its first half found
+  nowhere else in the context) is quoted up to its middle and its rest asked, a question on the real document.
 
 The needles of different families never share a key word, a value or a surface form. Several questions of
 one family in one case (`Question.ask`) share its haystack, so their answers are not independent.
@@ -18,14 +20,18 @@ one family in one case (`Question.ask`) share its haystack, so their answers are
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import re
 import string
 from collections.abc import Callable
 
-FAMILIES = ("single", "multikey", "multivalue", "multiquery", "vartrack", "commonwords")
+PLANTED = ("single", "multikey", "multivalue", "multiquery", "vartrack", "commonwords")
+FAMILIES = (*PLANTED, "passage")
 SINGLE_KEYS = 3  # single needles per case, each asked on its own (the others are distinct-key distractors)
 MULTIKEY_ASKS = 2  # of the eight near-identical keys, how many are asked, one question each
+PASSAGE_MIN_CHARS = 40  # a quoted line's length, stripped
+PASSAGE_MAX_TOKENS = 40  # its rest's, so the answer fits the question's budget
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -217,6 +223,7 @@ class Case:
     questions: tuple[Question, ...]
     prompts: tuple[list[int], ...]  # context + each question, in `questions` order
     needle_at: tuple[tuple[str, int], ...]  # (needle text, its first token's position in `context`)
+    passage_at: int  # the first token of the line `passage` asks about, in `context`
 
 
 def line_starts(ids: list[int], ends_line: Callable[[int], bool]) -> list[int]:
@@ -224,15 +231,54 @@ def line_starts(ids: list[int], ends_line: Callable[[int], bool]) -> list[int]:
     return [0] + [i + 1 for i, t in enumerate(ids[:-1]) if ends_line(t)]
 
 
+def passage_question(
+    context: list[int],
+    starts: list[int],
+    not_lines: set[int],
+    decode: Callable[[list[int]], str],
+    encode: Callable[[str], list[int]],
+    budget: int,
+    rng: random.Random,
+) -> tuple[Question, int]:
+    """The `passage` question on a line of `context` (line starts `starts`, `not_lines` excluded: the
+    needles), the one nearest a random depth whose question fits `budget` tokens; and that line's start."""
+    text = decode(context)
+    target = rng.uniform(0.02, 0.98) * len(context)
+    ends = dict(itertools.pairwise([*starts, len(context)]))
+    for start in sorted(starts, key=lambda s: abs(s - target)):
+        if start in not_lines:
+            continue
+        line = decode(context[start : ends[start]]).strip()
+        spaces = [i for i, c in enumerate(line) if c == " "]
+        if len(line) < PASSAGE_MIN_CHARS or not spaces:
+            continue
+        cut = min(spaces, key=lambda i: abs(i - len(line) // 2))  # the space nearest the middle
+        quote, rest = line[:cut].rstrip(), line[cut:].strip()
+        if not quote or not rest or text.count(quote) != 1:
+            continue
+        needed = len(encode(rest))
+        question = Question(
+            "passage",
+            f'Repeat the line of the text above that begins with "{quote}".\nAnswer: {quote}',
+            (rest,),
+            needed + 8,
+        )
+        if needed <= PASSAGE_MAX_TOKENS and len(encode("\n\n" + question.text)) <= budget:
+            return question, start
+    raise ValueError("tasks: no line of the haystack can be quoted for the passage question")
+
+
 def build_case(
     haystack: list[int],
     encode: Callable[[str], list[int]],
+    decode: Callable[[list[int]], str],
     ends_line: Callable[[int], bool],
     length: int,
     rng: random.Random,
 ) -> Case:
     """One case of at most `length` tokens per prompt: `haystack` (real text, at least `length` tokens) cut to
-    fit, every needle of `plan_case` inserted at the line start nearest its depth, each question after it."""
+    fit, every needle of `plan_case` inserted at the line start nearest its depth, each question after it,
+    the `passage` question last (on a line of the haystack, no longer than the longest planted question)."""
     plan = plan_case(rng)
     question_ids = [encode("\n\n" + q.text) for q in plan.questions]
     needle_ids = [encode(n.text + "\n") for n in plan.needles]
@@ -255,17 +301,26 @@ def build_case(
         placed[i] = len(context)
         context += needle_ids[i]
     context += text[cut:]
+    needles = {placed[i] for i in placed}
+    budget = max(map(len, question_ids))
+    passage, passage_at = passage_question(
+        context, line_starts(context, ends_line), needles, decode, encode, budget, rng
+    )
     return Case(
         context=context,
-        questions=plan.questions,
-        prompts=tuple(context + q for q in question_ids),
+        questions=(*plan.questions, passage),
+        prompts=tuple(context + q for q in [*question_ids, encode("\n\n" + passage.text)]),
         needle_at=tuple((plan.needles[i].text, placed[i]) for i in range(len(plan.needles))),
+        passage_at=passage_at,
     )
 
 
 def score(question: Question, answer: str) -> bool:
-    """Exact match on the answer's first line: its first number for `single` / `multikey`, else every answer."""
+    """Exact match on the answer's first line: its first number for `single` / `multikey`, the line's rest
+    (spaces aside) for `passage`, else every answer."""
     line = answer.strip().split("\n", 1)[0]
+    if question.family == "passage":
+        return line.split() == question.answers[0].split()
     if question.family in ("single", "multikey"):
         found = re.search(r"\d+", line)
         return found is not None and found.group() == question.answers[0]
