@@ -26,8 +26,7 @@ import re
 import string
 from collections.abc import Callable
 
-PLANTED = ("single", "multikey", "multivalue", "multiquery", "vartrack", "commonwords")
-FAMILIES = (*PLANTED, "passage")
+FAMILIES = ("single", "multikey", "multivalue", "multiquery", "vartrack", "commonwords", "passage")
 SINGLE_KEYS = 3  # single needles per case, each asked on its own (the others are distinct-key distractors)
 MULTIKEY_ASKS = 2  # of the eight near-identical keys, how many are asked, one question each
 PASSAGE_MIN_CHARS = 40  # a quoted line's length, stripped
@@ -239,9 +238,10 @@ def passage_question(
     encode: Callable[[str], list[int]],
     budget: int,
     rng: random.Random,
-) -> tuple[Question, int]:
+) -> tuple[Question, list[int], int]:
     """The `passage` question on a line of `context` (line starts `starts`, `not_lines` excluded: the
-    needles), the one nearest a random depth whose question fits `budget` tokens; and that line's start."""
+    needles), the one nearest a random depth whose question fits `budget` tokens; its token ids (as
+    `build_case` appends a question); and that line's start."""
     text = decode(context)
     target = rng.uniform(0.02, 0.98) * len(context)
     ends = dict(itertools.pairwise([*starts, len(context)]))
@@ -263,8 +263,9 @@ def passage_question(
             (rest,),
             needed + 8,
         )
-        if needed <= PASSAGE_MAX_TOKENS and len(encode("\n\n" + question.text)) <= budget:
-            return question, start
+        ids = encode("\n\n" + question.text)
+        if needed <= PASSAGE_MAX_TOKENS and len(ids) <= budget:
+            return question, ids, start
     raise ValueError("tasks: no line of the haystack can be quoted for the passage question")
 
 
@@ -301,15 +302,14 @@ def build_case(
         placed[i] = len(context)
         context += needle_ids[i]
     context += text[cut:]
-    needles = {placed[i] for i in placed}
     budget = max(map(len, question_ids))
-    passage, passage_at = passage_question(
-        context, line_starts(context, ends_line), needles, decode, encode, budget, rng
+    passage, passage_ids, passage_at = passage_question(
+        context, line_starts(context, ends_line), set(placed.values()), decode, encode, budget, rng
     )
     return Case(
         context=context,
         questions=(*plan.questions, passage),
-        prompts=tuple(context + q for q in [*question_ids, encode("\n\n" + passage.text)]),
+        prompts=tuple(context + q for q in [*question_ids, passage_ids]),
         needle_at=tuple((plan.needles[i].text, placed[i]) for i in range(len(plan.needles))),
         passage_at=passage_at,
     )
