@@ -11,9 +11,15 @@
 #                under DEV_TIMEOUT [500 s] (the rows are written after every case), then the dev rule
 #                (`ruler_forced choose`) over CANDIDATES -> $STUDY/chosen (config) and $STUDY/chosen-flags; tables
 #                and JSONL in $OUT/dev.tar.gz
+#   STEP=oracle  the oracle bound (issue 37): bench.accuracy.ruler_forced --emulate --tf32 (fp32 model, exact
+#                attention over the kept blocks) at ORACLE_LENGTHS [65000], ORACLE_PROMPTS [6] cases of
+#                ORACLE_SPLIT [heldout] from ORACLE_FIRST [120] (cases no report reads: a diagnostic, never a
+#                default's data), the configs ORACLE_CONFIGS [selection from the exact attention at two
+#                masses, and the served selection], under ORACLE_TIMEOUT [400 s] -> $OUT/oracle.tar.gz
 #   STEP=servers the held-out step's servers side by side (bench/gpu/run_ruler.sh STEP=servers, on MODEL, once
 #                the servers of an earlier view are stopped): `stock`, `sp0`
-#                running the chosen config (the server's default without a dev step), and with GUARD set `guard`:
+#                running the chosen config (DEFAULT_CONFIG without a dev step) plus SP0_ARGS [none; e.g. the
+#                guard's flags, its statistic then logged per checked layer], and with GUARD set `guard`:
 #                the chosen config with --prefill-ext-sparse-guard GUARD; waits for their health
 #   STEP=held    the RULER-style suite through the servers HELD_ASK [stock sp0], one at a time (ASK_TIMEOUT
 #                each), compared with HELD_EXTRA's files (e.g. guard); held-out split at HELD_LENGTHS [LENGTH],
@@ -77,11 +83,22 @@ dev)
   log "chosen: $(cat "$STUDY/chosen"): $(cat "$STUDY/chosen-flags")"
   tar -C "$STUDY" -czf "$OUT/dev.tar.gz" dev chosen chosen-flags
   ;;
+oracle)
+  [ -f "$MODEL/config.json" ] || { log "cold host: no $MODEL"; exit 3; }
+  [ -f "$STATE/servers" ] && STEP=stop OUT=$OUT bash bench/gpu/run_ruler.sh
+  export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+  # shellcheck disable=SC2086  # lists
+  timeout "${ORACLE_TIMEOUT:-400}" $PY -m bench.accuracy.ruler_forced run --model-dir "$MODEL" --emulate --tf32 \
+    --out-dir "$STUDY/oracle" --split "${ORACLE_SPLIT:-heldout}" --lengths ${ORACLE_LENGTHS:-65000} \
+    --prompts "${ORACLE_PROMPTS:-6}" --first "${ORACLE_FIRST:-120}" \
+    --configs ${ORACLE_CONFIGS:-oracle:0.9@q oracle:0.95@q $DEFAULT_CONFIG} 2>&1 | grep -v -i warn | tee "$OUT/oracle.log"
+  tar -C "$STUDY" -czf "$OUT/oracle.tar.gz" oracle
+  ;;
 servers)
   [ -f "$MODEL/config.json" ] || { log "cold host: no $MODEL"; exit 3; }
   chosen=$(cat "$STUDY/chosen" 2>/dev/null || echo "$DEFAULT_CONFIG")
   flags=$($PY -c "from bench.accuracy.ruler_forced import server_flags as f; print(' '.join(f('$chosen')))")
-  servers="stock: ;sp0: $flags"
+  servers="stock: ;sp0: $flags${SP0_ARGS:+ $SP0_ARGS}"
   [ -n "${GUARD:-}" ] && servers="$servers;guard: $flags --prefill-ext-sparse-guard $GUARD"
   [ -f "$STATE/servers" ] && STEP=stop OUT=$OUT bash bench/gpu/run_ruler.sh
   log "chosen: $chosen; servers on $MODEL: $servers"

@@ -228,17 +228,24 @@ def test_a_failed_guard_declines_the_first_sparse_layer_and_says_so(
 def test_a_passed_guard_is_logged_and_a_later_layer_may_decline(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """guard_every 2: layer 1 is not checked, layer 2 is; a decline there leaves layers 0 and 1 sparse."""
+    """guard_every 2: layers 1 and 3 are not checked, 2 is, its statistic logged whether it passes or declines;
+    a decline there leaves layers 0 and 1 sparse."""
     path, batch, q, k = _guarded_path(caplog, monkeypatch, sparse_guard=1e-9, sparse_guard_every=2)
+    for layer in range(4):
+        assert path.forward(q, k, k, _layer(layer), batch, save_kv_cache=True) is not None
+    assert sorted(path.sparse.guard_stats) == [0, 2]
+    first, passed = caplog.messages
+    assert first.endswith(f"density {path.sparse.density():.3f}, guard {path.sparse.guard_stats[0]:.3f}")
+    assert passed == f"prefill-ext sparse: sparse layer 2, guard {path.sparse.guard_stats[2]:.3f}"
+    caplog.clear()
+    path.begin(batch)
     assert path.forward(q, k, k, _layer(0), batch, save_kv_cache=True) is not None
-    assert path.forward(q, k, k, _layer(1), batch, save_kv_cache=True) is not None
-    assert sorted(path.sparse.guard_stats) == [0]
     path.sparse.settings = dataclasses.replace(path.sparse.settings, guard=1.0)
+    assert path.forward(q, k, k, _layer(1), batch, save_kv_cache=True) is not None
     assert path.forward(q, k, k, _layer(2), batch, save_kv_cache=True) is None
     assert not path.runs(q, k, _layer(3), batch)
-    first, later = caplog.messages
-    assert first.endswith(f"density {path.sparse.density():.3f}, guard {path.sparse.guard_stats[0]:.3f}")
-    assert later == (
+    _, declined = caplog.messages
+    assert declined == (
         f"prefill-ext sparse: sparse layer 2, guard {path.sparse.guard_stats[2]:.3f} < "
         "--prefill-ext-sparse-guard: the backend's dense prefill"
     )

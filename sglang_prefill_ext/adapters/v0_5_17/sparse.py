@@ -27,7 +27,7 @@ A path's lifecycle per extend batch:
 
 Observability: at INFO, one log line per sparse forward with the kept-block density of its selection (one
 host read-back per forward, after its first sparse layer) and, with the guard on, its guard statistic;
-one more line when a later layer's guard declines the batch.
+one more line per later layer the guard checks (its statistic, and whether it declines the batch).
 """
 
 from __future__ import annotations
@@ -159,7 +159,8 @@ class SparseExtend:
         return out
 
     def _log(self, index: int, declined: bool) -> None:
-        """The forward's line at its first sparse layer; a later one only where the guard declines."""
+        """The forward's line at its first sparse layer; a later one where the guard checks it (its statistic,
+        and whether it declines) or the density declines it."""
         guard = self.sparse.guard_stats.get(index)
         if guard is not None and guard < self.sparse.settings.guard:
             verdict = f" < {GUARD_FLAG}{DECLINED}"
@@ -168,7 +169,7 @@ class SparseExtend:
         else:
             verdict = ""
         if index > 0:
-            if verdict:
+            if guard is not None:
                 logger.info("prefill-ext sparse: sparse layer %d, guard %.3f%s", index, guard, verdict)
             return
         layout = self.sparse.layout
