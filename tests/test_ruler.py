@@ -59,7 +59,7 @@ def test_each_prompt_is_the_context_then_its_question_within_the_length() -> Non
     assert (
         len(case.prompts)
         == len(case.questions)
-        == len(tasks.FAMILIES) + tasks.SINGLE_KEYS + tasks.MULTIKEY_ASKS - 2
+        == len(tasks.FAMILIES) + tasks.SINGLE_KEYS + tasks.MULTIKEY_KEYS - 2
     )
     assert [q.family for q in case.questions if q.ask == 0] == list(tasks.FAMILIES)
     assert max(map(len, case.prompts)) == 20_000
@@ -78,7 +78,7 @@ def test_every_answer_is_planted_and_the_question_names_its_key() -> None:
         key = q.text.split("number for ")[1].split(" mentioned")[0]
         assert f"The special magic number for {key} is: {q.answers[0]}." in context
     asked = [q.text.split("code for ")[1].split(" mentioned")[0] for q in family(case, "multikey")]
-    assert len(set(asked)) == tasks.MULTIKEY_ASKS
+    assert len(set(asked)) == tasks.MULTIKEY_KEYS
     for key, q in zip(asked, family(case, "multikey"), strict=True):
         assert f"The access code for {key} is: {q.answers[0]}." in context
 

@@ -5,7 +5,7 @@ line-aligned depths; each family asks one question at the end, and is scored by 
 first line. Families (after RULER, Hsieh et al. 2024):
 
 - `single`: a number under a word-pair key (SINGLE_KEYS such needles, each asked on its own);
-- `multikey`: eight access codes under near-identical keys (one character apart), MULTIKEY_ASKS of them asked;
+- `multikey`: MULTIKEY_KEYS access codes under near-identical keys (one character apart), every one asked;
 - `multivalue`: four numbers under one key, all asked;
 - `multiquery`: four keys, all four numbers asked;
 - `vartrack`: a five-variable assignment chain beside a distractor chain, every variable holding the value asked;
@@ -28,7 +28,9 @@ from collections.abc import Callable
 
 FAMILIES = ("single", "multikey", "multivalue", "multiquery", "vartrack", "commonwords", "passage")
 SINGLE_KEYS = 3  # single needles per case, each asked on its own (the others are distinct-key distractors)
-MULTIKEY_ASKS = 2  # of the eight near-identical keys, how many are asked, one question each
+MULTIKEY_KEYS = 8  # near-identical keys per case, every one asked (one question each)
+MULTIKEY_DRAWN = 2  # the keys asked first, drawn at random (the draw every case has made since the suite began,
+# so its needles, values and haystack stay the same); the others follow in key order
 PASSAGE_MIN_CHARS = 40  # a quoted line's length, stripped
 PASSAGE_MAX_TOKENS = 40  # its rest's, so the answer fits the question's budget
 
@@ -132,11 +134,12 @@ def plan_case(rng: random.Random) -> Plan:
             )
         )
 
-    keys = near_keys(rng, 8)
+    keys = near_keys(rng, MULTIKEY_KEYS)
     codes = [_number(rng, values) for _ in keys]
     for k, code, depth in zip(keys, codes, _depths(rng, len(keys)), strict=True):
         needles.append(Needle("multikey", f"The access code for {k} is: {code}.", depth))
-    for ask, asked in enumerate(rng.sample(range(len(keys)), MULTIKEY_ASKS)):
+    drawn = rng.sample(range(len(keys)), MULTIKEY_DRAWN)
+    for ask, asked in enumerate([*drawn, *(i for i in range(len(keys)) if i not in drawn)]):
         questions.append(
             Question(
                 "multikey",

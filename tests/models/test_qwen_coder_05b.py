@@ -136,7 +136,7 @@ def test_the_tokenizer_builds_the_suite_s_cases() -> None:
     cases = ruler.cases_of("heldout", [4096], 2, 0, tokenizer)
     assert [fields["corpus"] for fields, _ in cases] == ["package-code", "prose"]
     for _, case in cases:
-        assert len(case.questions) == len(tasks.FAMILIES) + tasks.SINGLE_KEYS + tasks.MULTIKEY_ASKS - 2
+        assert len(case.questions) == len(tasks.FAMILIES) + tasks.SINGLE_KEYS + tasks.MULTIKEY_KEYS - 2
         for question, prompt in zip(case.questions, case.prompts, strict=True):
             assert len(prompt) <= 4096
             text = tokenizer.decode(prompt)
