@@ -10,7 +10,7 @@
 #                 (TTFTs are not shared), `ruler run $RULER_ARGS` -> $STATE/$TAG-<name>.jsonl (kept across calls);
 #                 then `ruler compare` of the $TAG files of COMPARE's servers (default: all, in start order), the
 #                 first as dense -> $OUT/$TAG-compare.md/.json, and every $TAG file in $OUT/$TAG-jsonl.tar.gz;
-#                 the file the dev rule picks (`ruler.choose`) -> $STATE/$TAG-chosen. ASK_TIMEOUT [0: none]
+#                 the file the dev rule picks (`ruler.choose`) -> $STATE/$TAG-chosen; with the servers' logs. ASK_TIMEOUT [0: none]
 #                 bounds each server's run (the cases asked by then are kept).
 #   STEP=stop     stop every server and wait until they are gone (their ports free for the next STEP=servers).
 # Environment: TAG [ruler]: names a sweep's files; MODEL [/tmp/qwen-coder-hf-yarn4]; SERVER_ARGS [--context-length
@@ -97,7 +97,8 @@ ask)
     $PY -m bench.accuracy.ruler compare "${files[@]}" --json "$OUT/$TAG-compare.json" --md "$OUT/$TAG-compare.md" \
       --choose "$STATE/$TAG-chosen"
   fi
-  tar -C "$STATE" -czf "$OUT/$TAG-jsonl.tar.gz" $(cd "$STATE" && ls "$TAG"-*.jsonl)
+  # with the servers' logs so far (the sparse path's density and guard lines per forward)
+  tar -C "$STATE" -czf "$OUT/$TAG-jsonl.tar.gz" $(cd "$STATE" && ls "$TAG"-*.jsonl server-*.log 2>/dev/null)
   ;;
 stop)
   while read -r name port pid; do kill -TERM -- "-$pid" 2>/dev/null && log "stopped $name"; done <"$STATE/servers"
