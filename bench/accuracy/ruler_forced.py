@@ -4,6 +4,7 @@
         [--prompts 8] [--first 0] [--configs SCORER:VALUE[@OPT,...] ...] [policy options of sparse_accuracy]
     python -m bench.accuracy.ruler compare OUT/dense.jsonl OUT/<config>.jsonl ...
     python -m bench.accuracy.ruler_forced choose OUT/summary.json --among CONFIG ...   # -> server flags
+    python -m bench.accuracy.ruler_forced closer OUT/dense.jsonl OUT/A.jsonl OUT/B.jsonl
 
 The cases of `ruler.py` (the same haystacks, needles and questions: `ruler.cases_of`), without a server.
 Per case the haystack runs once per config: dense, then through each config's policy (`sparse_accuracy`'s
@@ -14,8 +15,9 @@ hits the radix cache runs on the server. An item is right when the argmax at eve
 answer's token (greedy decoding would write the answer's number first); its log-probability is the sum over
 the answer's tokens. One JSONL per config in --out-dir, rows keyed like `ruler run`'s, so `ruler compare`
 gives lost, gained and McNemar's p; `summary.json` and stdout add, per config and family, the mean change of
-the answer's log-probability against dense with its spread, and the kept-block density. `choose` applies the
-dev rule (`choose`) and prints the chosen config's server flags.
+the answer's log-probability against dense with its spread (and the median of its size), and the kept-block
+density; `closer` counts the items whose answer log-probability one config keeps nearer dense's than another.
+`choose` applies the dev rule (`choose`) and prints the chosen config's server flags.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import torch
 
 from bench.accuracy import corpora, ruler, sparse_accuracy, tasks
-from bench.lib.stats import Paired
+from bench.lib.stats import Paired, mcnemar_exact
 from sglang_prefill_ext.config import sparse_flags
 from sglang_prefill_ext.ops.settings import SparseSettings
 
@@ -110,6 +112,7 @@ def summarize(rows: dict[str, list[dict[str, Any]]], densities: dict[str, list[f
                 p=c.p,
                 dlogprob=statistics.mean(deltas) if deltas else 0.0,
                 dlogprob_sd=statistics.stdev(deltas) if len(deltas) > 1 else 0.0,
+                dlogprob_abs_median=statistics.median(map(abs, deltas)) if deltas else 0.0,
             )
         forward = [r["forward_s"] for r in config_rows if r["first"]]
         out[name] = dict(
@@ -118,6 +121,19 @@ def summarize(rows: dict[str, list[dict[str, Any]]], densities: dict[str, list[f
             forward_s=statistics.median(forward),
         )
     return out
+
+
+def closer(dense: list[dict], a: list[dict], b: list[dict]) -> tuple[int, int, float]:
+    """Items (rows of three runs in the same order) whose answer log-probability run `a` keeps closer to
+    dense's than run `b` does, those where `b` does, and the sign test's two-sided p (ties left out)."""
+    a_closer = b_closer = 0
+    for d, x, y in zip(dense, a, b, strict=True):
+        if len({(r["prompt_sha"], tuple(r["answers"])) for r in (d, x, y)}) > 1:
+            raise ValueError("ruler_forced closer: the runs' items differ")
+        gap_a, gap_b = abs(x["logprob"] - d["logprob"]), abs(y["logprob"] - d["logprob"])
+        a_closer += gap_a < gap_b
+        b_closer += gap_b < gap_a
+    return a_closer, b_closer, mcnemar_exact(a_closer, b_closer)
 
 
 def report(summary: dict[str, Any]) -> str:
@@ -195,9 +211,22 @@ def main() -> None:
     pick.add_argument("summary")
     pick.add_argument("--among", nargs="+", required=True, help="--configs entries of the run")
     pick.add_argument("--config-out", help="also write the chosen --configs entry here")
+    near = sub.add_parser(
+        "closer",
+        help="items whose answer log-probability A keeps closer to dense's than B, and the sign test",
+    )
+    near.add_argument("dense")
+    near.add_argument("a")
+    near.add_argument("b")
     a = parser.parse_args()
     if a.command == "choose":
         cmd_choose(a)
+    elif a.command == "closer":
+        rows = [
+            [json.loads(line) for line in Path(path).read_text().splitlines()] for path in (a.dense, a.a, a.b)
+        ]
+        a_closer, b_closer, p = closer(*rows)
+        print(f"{a.a} closer to dense on {a_closer} items, {a.b} on {b_closer} (sign test p = {p:.3g})")
     else:
         cmd_run(a, run)
 
