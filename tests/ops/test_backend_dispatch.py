@@ -16,6 +16,7 @@ from sglang.srt.layers.radix_attention import AttentionType, RadixAttention  # n
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
+from bench.accuracy import guard_rate  # noqa: E402
 from sglang_prefill_ext.adapters.v0_5_17.flashinfer import PrefillExtFlashInferBackend  # noqa: E402
 from sglang_prefill_ext.adapters.v0_5_17.sparse import SparseExtend  # noqa: E402
 from sglang_prefill_ext.config import PrefillExtConfig  # noqa: E402
@@ -237,6 +238,8 @@ def test_a_passed_guard_is_logged_and_a_later_layer_may_decline(
     first, passed = caplog.messages
     assert first.endswith(f"density {path.sparse.density():.3f}, guard {path.sparse.guard_stats[0]:.3f}")
     assert passed == f"prefill-ext sparse: sparse layer 2, guard {path.sparse.guard_stats[2]:.3f}"
+    (parsed,) = guard_rate.forwards(caplog.messages)  # the decline-rate tool reads these very lines
+    assert parsed.guard == {layer: round(g, 3) for layer, g in path.sparse.guard_stats.items()}
     caplog.clear()
     path.begin(batch)
     assert path.forward(q, k, k, _layer(0), batch, save_kv_cache=True) is not None
