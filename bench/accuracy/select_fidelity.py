@@ -16,6 +16,7 @@ share's mean, 1 % and 10 % quantiles over (query head, query block).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -44,14 +45,20 @@ def capture(
         if module.layer_idx in layers:
             q, k = sparse_accuracy.token_major(query, key)
             kept[module.layer_idx] = q, k, scaling
+            if len(kept) == len(layers):
+                raise _Captured  # the layers after the last one asked are not needed
         return sparse_accuracy.exact_attention(
             module, query, key, value, attention_mask, scaling, dropout, **kwargs
         )
 
     sparse_accuracy.use_attention(model, "select_fidelity_capture", attention)
-    with torch.no_grad():
+    with torch.no_grad(), contextlib.suppress(_Captured):
         model.model(torch.tensor([ids], device=model.lm_head.weight.device))
     return kept
+
+
+class _Captured(Exception):
+    """Every asked layer is captured: the forward stops there."""
 
 
 @dataclasses.dataclass(frozen=True)
