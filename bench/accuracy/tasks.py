@@ -29,10 +29,9 @@ from collections.abc import Callable
 FAMILIES = ("single", "multikey", "multivalue", "multiquery", "vartrack", "commonwords", "passage")
 SINGLE_KEYS = 3  # single needles per case, each asked on its own (the others are distinct-key distractors)
 MULTIKEY_KEYS = 8  # near-identical keys per case, every one asked (one question each)
-MULTIKEY_DRAWN = (
-    2  # the keys asked first, drawn at random (the draw every case has made since the suite began,
-)
-# so its needles, values and haystack stay the same); the others follow in key order
+# the keys asked first, drawn at random (the draw every case has made since the suite began, so its needles,
+# values and haystack stay the same); the others follow in key order
+MULTIKEY_DRAWN = 2
 PASSAGE_MIN_CHARS = 40  # a quoted line's length, stripped
 PASSAGE_MAX_TOKENS = 40  # its rest's, so the answer fits the question's budget
 

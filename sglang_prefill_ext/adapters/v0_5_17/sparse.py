@@ -160,7 +160,7 @@ class SparseExtend:
 
     def _log(self, index: int, declined: bool) -> None:
         """The forward's line at its first sparse layer; a later one where the guard checks it (its statistic,
-        and whether it declines) or the density declines it."""
+        and whether it declines the batch)."""
         guard = self.sparse.guard_stats.get(index)
         if guard is not None and guard < self.sparse.settings.guard:
             verdict = f" < {GUARD_FLAG}{DECLINED}"
