@@ -150,15 +150,13 @@ def test_server_flags_give_the_configs_selection(forced: ModuleType) -> None:
 
 
 def test_closer_counts_the_items_each_run_keeps_nearer_dense(forced: ModuleType) -> None:
-    def rows(*logprobs: float) -> list[dict]:
-        return [dict(prompt_sha=f"p{i}", answers=["1"], logprob=x) for i, x in enumerate(logprobs)]
+    def rows(*logprobs: float) -> dict:
+        return {(130000, 1000 + i, "single", 0): dict(logprob=x) for i, x in enumerate(logprobs)}
 
     dense = rows(-1.0, -1.0, -1.0, -1.0)
     a = rows(-1.1, -0.9, -3.0, -1.0)
     b = rows(-2.0, -1.5, -1.2, -1.0)  # the last item a tie: counted for neither
     assert forced.closer(dense, a, b) == (2, 1, 1.0)
     assert forced.closer(dense, b, a)[:2] == (1, 2)
-    other = rows(-1.0, -1.0, -1.0, -1.0)
-    other[2]["prompt_sha"] = "another prompt"
     with pytest.raises(ValueError, match="differ"):
-        forced.closer(dense, a, other)
+        forced.closer(dense, a, rows(-1.0, -1.0, -1.0))

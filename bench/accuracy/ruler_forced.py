@@ -123,16 +123,15 @@ def summarize(rows: dict[str, list[dict[str, Any]]], densities: dict[str, list[f
     return out
 
 
-def closer(dense: list[dict], a: list[dict], b: list[dict]) -> tuple[int, int, float]:
-    """Items (rows of three runs in the same order) whose answer log-probability run `a` keeps closer to
-    dense's than run `b` does, those where `b` does, and the sign test's two-sided p (ties left out)."""
-    a_closer = b_closer = 0
-    for d, x, y in zip(dense, a, b, strict=True):
-        if len({(r["prompt_sha"], tuple(r["answers"])) for r in (d, x, y)}) > 1:
-            raise ValueError("ruler_forced closer: the runs' items differ")
-        gap_a, gap_b = abs(x["logprob"] - d["logprob"]), abs(y["logprob"] - d["logprob"])
-        a_closer += gap_a < gap_b
-        b_closer += gap_b < gap_a
+def closer(dense: dict[Any, dict], a: dict[Any, dict], b: dict[Any, dict]) -> tuple[int, int, float]:
+    """Items (`ruler.load`'s rows of three runs) whose answer log-probability run `a` keeps closer to dense's
+    than run `b` does, those where `b` does, and the sign test's two-sided p (ties left out)."""
+    if not dense.keys() == a.keys() == b.keys():
+        raise ValueError("ruler_forced closer: the runs' items differ")
+    gaps = [
+        (abs(a[k]["logprob"] - d["logprob"]), abs(b[k]["logprob"] - d["logprob"])) for k, d in dense.items()
+    ]
+    a_closer, b_closer = sum(x < y for x, y in gaps), sum(y < x for x, y in gaps)
     return a_closer, b_closer, mcnemar_exact(a_closer, b_closer)
 
 
@@ -222,10 +221,7 @@ def main() -> None:
     if a.command == "choose":
         cmd_choose(a)
     elif a.command == "closer":
-        rows = [
-            [json.loads(line) for line in Path(path).read_text().splitlines()] for path in (a.dense, a.a, a.b)
-        ]
-        a_closer, b_closer, p = closer(*rows)
+        a_closer, b_closer, p = closer(ruler.load(a.dense), ruler.load(a.a), ruler.load(a.b))
         print(f"{a.a} closer to dense on {a_closer} items, {a.b} on {b_closer} (sign test p = {p:.3g})")
     else:
         cmd_run(a, run)
