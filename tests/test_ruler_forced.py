@@ -90,14 +90,14 @@ def test_keeping_every_block_scores_as_dense(forced: ModuleType, model) -> None:
 
 
 def test_summary_counts_lost_gained_and_logprob_change(forced: ModuleType) -> None:
-    def row(family: str, right: bool, logprob: float, first: bool) -> dict:
-        return dict(family=family, right=right, logprob=logprob, first=first, forward_s=2.0)
+    def row(family: str, right: bool, logprob: float, first: bool, density: float | None = None) -> dict:
+        return dict(family=family, right=right, logprob=logprob, first=first, forward_s=2.0, density=density)
 
     rows = {
         "dense": [row("single", True, -1.0, True), row("single", True, -2.0, False), row("multikey", False, -5.0, False)],
-        "sp": [row("single", False, -4.0, True), row("single", True, -2.5, False), row("multikey", True, -1.0, False)],
+        "sp": [row("single", False, -4.0, True, 0.2), row("single", True, -2.5, False), row("multikey", True, -1.0, True, 0.3)],
     }  # fmt: skip
-    summary = forced.summarize(rows, {"sp": [0.2, 0.3]})
+    summary = forced.summarize(rows)
     single = summary["sp"]["families"]["single"]
     assert (single["n"], single["dense"], single["right"], single["lost"], single["gained"]) == (
         2,
@@ -160,3 +160,25 @@ def test_closer_counts_the_items_each_run_keeps_nearer_dense(forced: ModuleType)
     assert forced.closer(dense, b, a)[:2] == (1, 2)
     with pytest.raises(ValueError, match="differ"):
         forced.closer(dense, a, rows(-1.0, -1.0, -1.0))
+
+
+def test_merged_runs_are_one_run_over_their_cases(forced: ModuleType, tmp_path) -> None:
+    def rows(seed: int, right: bool) -> dict[str, list[dict]]:
+        item = dict(length=100, seed=seed, family="single", ask=0, right=True, logprob=-1.0, first=True)
+        item["forward_s"] = 1.0
+        return {
+            "dense": [dict(item, label="dense", density=None)],
+            "oracle:0.9@q": [dict(item, label="oracle:0.9@q", right=right, logprob=-2.0, density=0.2 + seed)],
+        }
+
+    forced.write(tmp_path / "a", rows(1, False))
+    forced.write(tmp_path / "b", rows(2, True))
+    merged = forced.merge([tmp_path / "a", tmp_path / "b"])
+    summary = forced.summarize(merged)["oracle:0.9@q"]
+    assert (summary["families"]["single"]["n"], summary["families"]["single"]["lost"]) == (2, 1)
+    assert summary["density"] == pytest.approx(1.7)
+    with pytest.raises(ValueError, match="twice"):
+        forced.merge([tmp_path / "a", tmp_path / "a"])
+    (tmp_path / "a" / "dense.jsonl").unlink()
+    with pytest.raises(ValueError, match="configs"):
+        forced.merge([tmp_path / "b", tmp_path / "a"])

@@ -97,6 +97,34 @@ def test_oracle_below_whole_mass_keeps_fewer_blocks(bench: ModuleType, model) ->
         assert bench.density_summary(attention.densities)["density"] < 1.0
 
 
+@pytest.mark.parametrize(("per_query_head", "mass"), [(True, 0.6), (False, 0.5), (True, 1.0)])
+def test_the_one_pass_oracle_is_the_two_pass_one(
+    bench: ModuleType, per_query_head: bool, mass: float
+) -> None:
+    """Selecting from the exact block mass and attending over the kept blocks in one pass over the scores
+    keeps the blocks and gives the output of the two passes (`exact_block_mass`, `select_by_mass`,
+    `block_sparse_attention`), on a length that is no multiple of the block or the chunk."""
+    from sglang_prefill_ext.ops import BlockLayout, SparseSettings
+    from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass, selected_attention
+    from sglang_prefill_ext.ops.selection import select_by_mass
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(LENGTH, 6, 16) * 2, torch.randn(LENGTH, 2, 16) * 2, torch.randn(LENGTH, 2, 16)
+    settings = SparseSettings(block_size=BLOCK, mass=mass, local_blocks=1, per_query_head=per_query_head)
+    layout = BlockLayout.build([0], [LENGTH], BLOCK, q.device)
+    scale = 16**-0.5
+    two_pass = select_by_mass(exact_block_mass(q, k, scale, BLOCK, 64, per_query_head), layout, settings)
+    out, one_pass = selected_attention(
+        q, k, v, scale, bench.rows_by_mass(layout, settings), BLOCK, 64, per_query_head
+    )
+    assert torch.equal(one_pass, two_pass)
+    causal = one_pass.shape[0] * int((layout.row_block.long() + 1).sum())
+    assert (int(one_pass.sum()) == causal) == (mass == 1.0)
+    torch.testing.assert_close(
+        out, block_sparse_attention(q, k, v, scale, two_pass, BLOCK), atol=1e-5, rtol=1e-5
+    )
+
+
 def test_text_scores_match_the_models_own_loss(bench: ModuleType, model) -> None:
     """Perplexity from chunked final hidden states equals exp(cross-entropy) of the full logits, and
     a forward compared with itself agrees everywhere with zero KL."""

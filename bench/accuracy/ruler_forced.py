@@ -5,6 +5,7 @@
     python -m bench.accuracy.ruler compare OUT/dense.jsonl OUT/<config>.jsonl ...
     python -m bench.accuracy.ruler_forced choose OUT/summary.json --among CONFIG ...   # -> server flags
     python -m bench.accuracy.ruler_forced closer OUT/dense.jsonl OUT/A.jsonl OUT/B.jsonl
+    python -m bench.accuracy.ruler_forced merge OUT1 OUT2 ... --out-dir OUT   # runs over other cases, joined
 
 The cases of `ruler.py` (the same haystacks, needles and questions: `ruler.cases_of`), without a server.
 Per case the haystack runs once per config: dense, then through each config's policy (`sparse_accuracy`'s
@@ -92,9 +93,10 @@ def run_config(
     return out, seconds
 
 
-def summarize(rows: dict[str, list[dict[str, Any]]], densities: dict[str, list[float]]) -> dict[str, Any]:
+def summarize(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per config and family: items, right, lost / gained against dense, and the mean change of the answer's
-    log-probability with its standard deviation; per config the mean kept-block density."""
+    log-probability with its standard deviation; per config the mean kept-block density over the haystacks
+    whose rows carry one (a case's first item)."""
     dense = rows["dense"]
     out: dict[str, Any] = {}
     for name, config_rows in rows.items():
@@ -115,9 +117,10 @@ def summarize(rows: dict[str, list[dict[str, Any]]], densities: dict[str, list[f
                 dlogprob_abs_median=statistics.median(map(abs, deltas)) if deltas else 0.0,
             )
         forward = [r["forward_s"] for r in config_rows if r["first"]]
+        density = [r["density"] for r in config_rows if r["first"] and r.get("density") is not None]
         out[name] = dict(
             families=per_family,
-            density=statistics.mean(densities[name]) if densities.get(name) else 1.0,
+            density=statistics.mean(density) if density else 1.0,
             forward_s=statistics.median(forward),
         )
     return out
@@ -217,14 +220,39 @@ def main() -> None:
     near.add_argument("dense")
     near.add_argument("a")
     near.add_argument("b")
+    join = sub.add_parser(
+        "merge", help="runs of the same configs on other cases -> one run's JSONL and summary"
+    )
+    join.add_argument("runs", nargs="+", type=Path, help="--out-dir of each run")
+    join.add_argument("--out-dir", type=Path, required=True)
     a = parser.parse_args()
     if a.command == "choose":
         cmd_choose(a)
+    elif a.command == "merge":
+        print(report(write(a.out_dir, merge(a.runs))))
     elif a.command == "closer":
         a_closer, b_closer, p = closer(ruler.load(a.dense), ruler.load(a.a), ruler.load(a.b))
         print(f"{a.a} closer to dense on {a_closer} items, {a.b} on {b_closer} (sign test p = {p:.3g})")
     else:
         cmd_run(a, run)
+
+
+def merge(runs: list[Path]) -> dict[str, list[dict[str, Any]]]:
+    """The rows of runs of the same configs over different cases, each config's in case order (keyed by the
+    `label` its rows carry); a case in two runs, or a config missing from one, is refused."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        names = [json.loads(p.read_text().splitlines()[0])["label"] for p in sorted(run.glob("*.jsonl"))]
+        if rows and sorted(names) != sorted(rows):
+            raise ValueError(f"ruler_forced merge: {run} has configs {sorted(names)}, not {sorted(rows)}")
+        for path in sorted(run.glob("*.jsonl")):
+            config_rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            rows.setdefault(config_rows[0]["label"], []).extend(config_rows)
+    for name, config_rows in rows.items():
+        keys = [(r["length"], r["seed"], r["family"], r.get("ask", 0)) for r in config_rows]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"ruler_forced merge: {name} has an item twice")
+    return rows
 
 
 def cmd_run(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -237,7 +265,6 @@ def cmd_run(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     a.out_dir.mkdir(parents=True, exist_ok=True)
     names = ["dense", *loaded.attentions]
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    densities: dict[str, list[float]] = {name: [] for name in loaded.attentions}
     for case_no, (fields, case) in enumerate(
         ruler.cases_of(a.split, a.lengths, a.prompts, a.first, tokenizer)
     ):
@@ -249,9 +276,10 @@ def cmd_run(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                 else:
                     sparse_accuracy.use_attention(model, f"prefill_ext_sparse_{n}", loaded.attentions[name])
                 results, seconds = run_config(model, case.context, items, loaded.dense_attention)
+                density = None
                 if name != "dense":
                     forward = loaded.attentions[name].densities[-1]
-                    densities[name].append(
+                    density = (
                         statistics.mean(statistics.mean(h) for h in forward.values()) if forward else 1.0
                     )
                 for i, ((q, asked, _), (right, logprob)) in enumerate(zip(items, results, strict=True)):
@@ -268,22 +296,24 @@ def cmd_run(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                             right=right,
                             logprob=logprob,
                             forward_s=seconds,
+                            density=density,
                             ttft_s=None,
                         )
                     )
         print(f"case {case_no + 1}: " + ", ".join(
             f"{name} {sum(r['right'] for r in rows[name][-len(items):])}/{len(items)}" for name in names
         ), flush=True)  # fmt: skip
-        summary = write(a.out_dir, rows, densities)  # after every case: a run cut short keeps its cases
+        summary = write(a.out_dir, rows)  # after every case: a run cut short keeps its cases
     print(report(summary), flush=True)
 
 
-def write(out_dir: Path, rows: dict[str, list[dict[str, Any]]], densities: dict[str, list[float]]) -> dict:
+def write(out_dir: Path, rows: dict[str, list[dict[str, Any]]]) -> dict:
     """Each config's JSONL and summary.json, from the rows so far."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     for name, config_rows in rows.items():
         with open(out_dir / f"{slug(name)}.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in config_rows)
-    summary = summarize(rows, densities)
+    summary = summarize(rows)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

@@ -42,6 +42,7 @@ import dataclasses
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,8 @@ from bench.accuracy import corpora
 from bench.accuracy.corpora import CORPORA
 from bench.lib.real_text import corpus_ids
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
-from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass
-from sglang_prefill_ext.ops.selection import largest_holding, mass_fraction, select_by_mass, structural_blocks
+from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass, selected_attention
+from sglang_prefill_ext.ops.selection import largest_holding, mass_fraction, structural_blocks
 from sglang_prefill_ext.ops.settings import parse_layer_mass
 
 TAIL_FROM = 1024
@@ -90,6 +91,25 @@ def select_by_layer_mass(mass: torch.Tensor, layout: BlockLayout, settings: Spar
     return chosen | structural_blocks(layout, settings, mass.device)[None]
 
 
+def rows_by_mass(
+    layout: BlockLayout, settings: SparseSettings
+) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """`select_by_mass`'s rule (its torch twin) for a slice of rows: `(first_row, mass [H, r, C]) -> bool [H, r,
+    C]`, what `selected_attention` chooses with."""
+    structural = structural_blocks(layout, settings, layout.row_block.device)
+    cols = torch.arange(structural.shape[1], device=structural.device)
+    causal = cols[None, :] <= layout.row_block.long().to(structural.device)[:, None]
+    fraction = mass_fraction(layout.req_prompt_len[:1], settings).to(structural.device)
+
+    def choose(first: int, mass: torch.Tensor) -> torch.Tensor:
+        rows = slice(first, first + mass.shape[1])
+        if settings.mass >= 1.0:
+            return causal[rows][None].expand_as(mass).clone()
+        return largest_holding(mass, fraction) | structural[rows][None]
+
+    return choose
+
+
 class EmulatedPrefill(SparsePrefill):
     """The serving policy with FlashInfer swapped out: planning keeps the mask, and running is exact fp32
     attention over its kept blocks (`block_sparse_attention`), so only the selection differs from dense;
@@ -99,24 +119,52 @@ class EmulatedPrefill(SparsePrefill):
         super().__init__(settings, None)
         self.oracle = oracle
         self._sm_scale = 1.0
+        self._values: torch.Tensor | None = None
+        self._selected: tuple[torch.Tensor, torch.Tensor] | None = None  # (q, its output) from `select`
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        sm_scale: float,
+        layer: int,
+        logits_soft_cap: float = 0.0,
+    ) -> torch.Tensor | None:
+        self._values = v_buffer  # the per-block oracle attends in the pass that selects (`select`)
+        return super().attend(q, k_buffer, v_buffer, sm_scale, layer, logits_soft_cap)
 
     def select(
         self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float, layer: int | None = None
     ) -> torch.Tensor:
+        self._selected = None
         if self.oracle is None:
             return super().select(q, k_buffer, sm_scale, layer)
         settings = self.settings.at_layer(layer)
-        mass = exact_block_mass(
-            q, k_buffer, sm_scale, settings.block_size, per_query_head=settings.per_query_head
+        if self.oracle.per_layer:
+            mass = exact_block_mass(
+                q, k_buffer, sm_scale, settings.block_size, per_query_head=settings.per_query_head
+            )
+            return select_by_layer_mass(mass, self.layout, settings)
+        out, mask = selected_attention(
+            q,
+            k_buffer,
+            self._values,
+            sm_scale,
+            rows_by_mass(self.layout, settings),
+            settings.block_size,
+            per_query_head=settings.per_query_head,
         )
-        rule = select_by_layer_mass if self.oracle.per_layer else select_by_mass
-        return rule(mass, self.layout, settings)
+        self._selected = (q, out)
+        return mask
 
     def plan(self, mask: torch.Tensor, q: torch.Tensor, sm_scale: float, *_: object, **__: object) -> None:
         """Keep the mask, and the scale `run` attends with: no FlashInfer plan."""
         self.mask, self._sm_scale, self.planned = mask, sm_scale, True
 
     def run(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> torch.Tensor:
+        if self._selected is not None and self._selected[0] is q:
+            return self._selected[1].to(q.dtype)
         out = block_sparse_attention(
             q, k_buffer, v_buffer, self._sm_scale, self.mask, self.settings.block_size
         )

@@ -7,9 +7,10 @@ query i and key i are both position i, and blocks are `block_size` positions fro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 
 
 def _causal_scores(
@@ -79,3 +80,49 @@ def exact_block_mass(
         rows = torch.arange(start, end, device=q.device) // block_size
         mass.index_add_(1, rows, by_key)
     return mass
+
+
+def selected_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: float,
+    choose: Callable[[int, torch.Tensor], torch.Tensor],
+    block_size: int = 128,
+    chunk: int = 1024,
+    per_query_head: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`exact_block_mass`, a selection from it and `block_sparse_attention` over that selection in one pass
+    over the scores (the two-pass form computes them twice): per chunk of query rows, `choose(first_row_block,
+    mass)` turns the rows' exact block mass [H, r, C] (as `exact_block_mass` sums it) into their kept blocks
+    (bool, same shape); the output is their attention renormalized over the kept keys. Returns the output
+    [L, Hq, D] fp32 and the selection [H, R, C]; `chunk` a multiple of `block_size`."""
+    length, num_qo_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_qo_heads // num_kv_heads
+    num_blocks = -(-length // block_size)
+    padded = num_blocks * block_size
+    q, k, v = (F.pad(t, (0, 0, 0, 0, 0, padded - length)) for t in (q, k, v))  # rows past L see nothing real
+    keys = k.float().transpose(0, 1)[:, None]  # [Hkv, 1, Lp, D]
+    values = v.float().transpose(0, 1)[:, None]
+    pos = torch.arange(padded, device=q.device)
+    out = torch.empty(length, num_qo_heads, head_dim, dtype=torch.float32, device=q.device)
+    chosen = []
+    for start in range(0, padded, chunk):
+        end = min(start + chunk, padded)
+        rows, cols = (end - start) // block_size, end // block_size
+        query = q[start:end].float().view(end - start, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        s = torch.matmul(query * sm_scale, keys[:, :, :end].transpose(-1, -2))  # [Hkv, G, n, end]
+        p = torch.softmax(s.masked_fill_(pos[None, :end] > pos[start:end, None], float("-inf")), -1)
+        del s
+        tiles = p.view(num_kv_heads, group, rows, block_size, cols, block_size)
+        valid = (pos[start:end] < length).float().view(1, 1, rows, block_size, 1, 1)
+        mass = (tiles * valid).sum((3, 5)) if end > length else tiles.sum((3, 5))  # [Hkv, G, r, c]
+        mass = mass.flatten(0, 1) if per_query_head else mass.sum(1)
+        keep = choose(start // block_size, F.pad(mass, (0, num_blocks - cols)))
+        chosen.append(keep)
+        tiles.mul_(keep[..., :cols].reshape(num_kv_heads, -1, rows, 1, cols, 1))
+        o = torch.matmul(p, values[:, :, :end]) / p.sum(-1, keepdim=True)  # [Hkv, G, n, D]
+        kept = min(end, length) - start
+        out[start : start + kept] = o.permute(2, 0, 1, 3).reshape(end - start, num_qo_heads, head_dim)[:kept]
+    return out, torch.cat(chosen, 1)
