@@ -16,7 +16,8 @@
 #                ORACLE_SPLIT [heldout] from ORACLE_FIRST [120] (cases no report reads: a diagnostic, never a
 #                default's data), the configs ORACLE_CONFIGS [selection from the exact attention at two
 #                masses, and the served selection], under ORACLE_TIMEOUT [400 s] -> $OUT/oracle-$ORACLE_FIRST.tar.gz
-#                (runs from other first cases: `ruler_forced merge`)
+#                (runs from other first cases: `ruler_forced merge`); ORACLE_EMULATE=0: the same cases in bf16
+#                (dense SDPA, sparse configs through FlashInfer: what the server runs) -> oracle-bf16-$ORACLE_FIRST
 #   STEP=servers the held-out step's servers side by side (bench/gpu/run_ruler.sh STEP=servers, on MODEL, once
 #                the servers of an earlier view are stopped): `stock`, `sp0`
 #                running the chosen config (DEFAULT_CONFIG without a dev step) plus SP0_ARGS [none; e.g. the
@@ -89,10 +90,11 @@ oracle)
   [ -f "$STATE/servers" ] && STEP=stop OUT=$OUT bash bench/gpu/run_ruler.sh
   export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
   first=${ORACLE_FIRST:-120}
+  emulate="--emulate --tf32" && [ "${ORACLE_EMULATE:-1}" = 0 ] && emulate="" && first=bf16-$first
   # shellcheck disable=SC2086  # lists
-  timeout "${ORACLE_TIMEOUT:-400}" $PY -m bench.accuracy.ruler_forced run --model-dir "$MODEL" --emulate --tf32 \
+  timeout "${ORACLE_TIMEOUT:-400}" $PY -m bench.accuracy.ruler_forced run --model-dir "$MODEL" $emulate \
     --out-dir "$STUDY/oracle-$first" --split "${ORACLE_SPLIT:-heldout}" --lengths ${ORACLE_LENGTHS:-65000} \
-    --prompts "${ORACLE_PROMPTS:-6}" --first "$first" \
+    --prompts "${ORACLE_PROMPTS:-6}" --first "${ORACLE_FIRST:-120}" \
     --configs ${ORACLE_CONFIGS:-oracle:0.9@q oracle:0.95@q $DEFAULT_CONFIG} 2>&1 | grep -v -i warn | tee "$OUT/oracle.log"
   tar -C "$STUDY" -czf "$OUT/oracle-$first.tar.gz" "oracle-$first"
   ;;
