@@ -123,16 +123,10 @@ class EmulatedPrefill(SparsePrefill):
         self._selected: tuple[torch.Tensor, torch.Tensor] | None = None  # (q, its output) from `select`
 
     def attend(
-        self,
-        q: torch.Tensor,
-        k_buffer: torch.Tensor,
-        v_buffer: torch.Tensor,
-        sm_scale: float,
-        layer: int,
-        logits_soft_cap: float = 0.0,
+        self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, *args: Any, **kwargs: Any
     ) -> torch.Tensor | None:
         self._values = v_buffer  # the per-block oracle attends in the pass that selects (`select`)
-        return super().attend(q, k_buffer, v_buffer, sm_scale, layer, logits_soft_cap)
+        return super().attend(q, k_buffer, v_buffer, *args, **kwargs)
 
     def select(
         self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float, layer: int | None = None
