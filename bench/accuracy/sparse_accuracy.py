@@ -23,10 +23,11 @@ sparse), the kept-block density (kept causal blocks over causal blocks, mean ove
 JSON has it per layer and per mask head), the forwards declined and, with --guard, the guard statistic (ops/guard.py:
 the mean over prompts of each forward's lowest, and the lowest; the JSON has it per checked layer).
 
-SCORER:VALUE: sampled:MASS, pooled:THRESHOLD, hybrid:THRESHOLD,MASS, antidiagonal:MASS, and (with --emulate)
-oracle:MASS, which keeps, per head and query block, the fewest blocks holding MASS of the layer's exact
-attention (plus sinks, local window, last rows): what a perfect scorer would keep, a bound on any selection at
-that density. OPT (comma-separated): `q` one selection per query head instead of per KV head; `LA-B` only
+SCORER:VALUE: sampled:MASS, pooled:THRESHOLD, hybrid:THRESHOLD,MASS, antidiagonal:MASS, and oracle:MASS, which
+keeps, per head and query block, the fewest blocks holding MASS of the layer's exact attention (plus sinks, local
+window, last rows): what a perfect scorer would keep, a bound on any selection at that density (with --emulate in
+fp32, selected and attended in one pass over the scores; else in bf16, `OraclePrefill`: the exact mass from a
+Triton kernel, FlashInfer's attention over the kept blocks, CUDA only). OPT (comma-separated): `q` one selection per query head instead of per KV head; `LA-B` only
 layers A..B go sparse, the others dense (where the loss is: swap sparse in one range at a time); `MA-B=X`
 layers A..B select at mass X (a per-layer budget); `bN` N-token blocks instead of --block-size; `sN` N sampled
 rows per block instead of --samples; `xN` antidiagonal stride N; `dX` the mass lowered by X per doubling of the
@@ -53,8 +54,14 @@ from bench.accuracy import corpora
 from bench.accuracy.corpora import CORPORA
 from bench.lib.real_text import corpus_ids
 from sglang_prefill_ext.ops import BlockLayout, SparsePrefill, SparseSettings
-from sglang_prefill_ext.ops.exact import block_sparse_attention, exact_block_mass, selected_attention
-from sglang_prefill_ext.ops.selection import largest_holding, mass_fraction, structural_blocks
+from sglang_prefill_ext.ops.attention import BlockSparseAttention
+from sglang_prefill_ext.ops.exact import (
+    block_sparse_attention,
+    exact_block_mass,
+    exact_block_mass_triton,
+    selected_attention,
+)
+from sglang_prefill_ext.ops.selection import largest_holding, mass_fraction, select_by_mass, structural_blocks
 from sglang_prefill_ext.ops.settings import parse_layer_mass
 
 TAIL_FROM = 1024
@@ -76,10 +83,14 @@ def exact_attention(module, query, key, value, attention_mask, scaling=None, dro
 
 @dataclasses.dataclass(frozen=True)
 class Oracle:
-    """Selection from the exact attention (emulated runs only): `per_layer` MASS of the layer's whole
-    attention per head, else of each query block's."""
+    """Selection from the exact attention: `per_layer` MASS of the layer's whole attention per head, else of
+    each query block's."""
 
     per_layer: bool = False
+
+    def select(self, mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
+        """The kept blocks from the exact block mass (`exact_block_mass`'s sums)."""
+        return (select_by_layer_mass if self.per_layer else select_by_mass)(mass, layout, settings)
 
 
 def select_by_layer_mass(mass: torch.Tensor, layout: BlockLayout, settings: SparseSettings) -> torch.Tensor:
@@ -139,7 +150,7 @@ class EmulatedPrefill(SparsePrefill):
             mass = exact_block_mass(
                 q, k_buffer, sm_scale, settings.block_size, per_query_head=settings.per_query_head
             )
-            return select_by_layer_mass(mass, self.layout, settings)
+            return self.oracle.select(mass, self.layout, settings)
         out, mask = selected_attention(
             q,
             k_buffer,
@@ -163,6 +174,24 @@ class EmulatedPrefill(SparsePrefill):
             q, k_buffer, v_buffer, self._sm_scale, self.mask, self.settings.block_size
         )
         return out.to(q.dtype)
+
+
+class OraclePrefill(SparsePrefill):
+    """The serving policy, FlashInfer's attention over the kept blocks in bf16, selecting from the exact
+    attention (`exact_block_mass_triton`): the oracle on the server's numerics, at about two QK^T passes a
+    layer (the fp32 emulation materializes every score: ~3x dense's time)."""
+
+    def __init__(self, settings: SparseSettings, attention: Any, oracle: Oracle = Oracle()) -> None:
+        super().__init__(settings, attention)
+        self.oracle = oracle
+
+    def select(
+        self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float, layer: int | None = None
+    ) -> torch.Tensor:
+        settings = self.settings.at_layer(layer)
+        keys = k_buffer[self._locs]
+        mass = exact_block_mass_triton(q, keys, sm_scale, settings.block_size, settings.per_query_head)
+        return self.oracle.select(mass, self.layout, settings)
 
 
 class SparseAttention:
@@ -282,7 +311,7 @@ SCORER_VALUES = {
     "pooled": "THRESHOLD",
     "hybrid": "THRESHOLD,MASS",
     "antidiagonal": "MASS",
-    "oracle": "MASS",  # --emulate only: the fewest blocks holding MASS of the exact attention (a bound)
+    "oracle": "MASS",  # the fewest blocks holding MASS of the exact attention (a bound)
 }
 SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "antidiagonal": "mass", "oracle": "mass"}
 
@@ -472,8 +501,6 @@ def load(a: argparse.Namespace, parser: argparse.ArgumentParser) -> Loaded:
     workspace = None if emulate else torch.empty(256 << 20, dtype=torch.uint8, device=a.device)
     attentions: dict[str, SparseAttention] = {}
     for config in a.configs:
-        if config.scorer == "oracle" and not emulate:
-            parser.error("oracle:MASS needs --emulate (it reads the exact attention)")
         settings = dataclasses.replace(
             config.settings(a.block_size, a.samples, a.local_blocks),
             guard=a.guard,
@@ -483,7 +510,12 @@ def load(a: argparse.Namespace, parser: argparse.ArgumentParser) -> Loaded:
             max_density=a.max_density,
         )
         oracle = Oracle(per_layer=config.whole_layer) if config.scorer == "oracle" else None
-        sparse = EmulatedPrefill(settings, oracle) if emulate else SparsePrefill.create(settings, workspace)
+        if emulate:
+            sparse = EmulatedPrefill(settings, oracle)
+        elif oracle is not None:
+            sparse = OraclePrefill(settings, BlockSparseAttention(workspace), oracle)
+        else:
+            sparse = SparsePrefill.create(settings, workspace)
         attentions[config.text] = SparseAttention(sparse, emulate, config.sparse_layers)
     return Loaded(tokenizer, model, dense_attention, attentions, emulate)
 

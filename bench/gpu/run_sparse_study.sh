@@ -17,7 +17,8 @@
 #                default's data), the configs ORACLE_CONFIGS [selection from the exact attention at two
 #                masses, and the served selection], under ORACLE_TIMEOUT [400 s] -> $OUT/oracle-$ORACLE_FIRST.tar.gz
 #                (runs from other first cases: `ruler_forced merge`); ORACLE_EMULATE=0: the same cases in bf16
-#                (dense SDPA, sparse configs through FlashInfer: what the server runs) -> oracle-bf16-$ORACLE_FIRST
+#                (dense SDPA, configs through FlashInfer as the server runs them, oracle:MASS from the Triton exact
+#                mass: ~1 s a 65K forward against the emulation's ~37 s) -> oracle-bf16-$ORACLE_FIRST
 #   STEP=servers the held-out step's servers side by side (bench/gpu/run_ruler.sh STEP=servers, on MODEL, once
 #                the servers of an earlier view are stopped): `stock`, `sp0`
 #                running the chosen config (DEFAULT_CONFIG without a dev step) plus SP0_ARGS [none; e.g. the

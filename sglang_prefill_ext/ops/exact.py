@@ -1,8 +1,9 @@
-"""Exact fp32 block-sparse attention in torch, a chunk of query rows at a time (never L x L).
+"""Exact attention for measuring selections: fp32 block-sparse attention in torch, a chunk of query rows at a
+time (never L x L), and the exact block mass an oracle selection ranks by.
 
 What the fp32 emulation of `bench/accuracy/sparse_accuracy.py` runs every layer through (dense ones
-too, `keep=None`). One prompt, no cached prefix:
-query i and key i are both position i, and blocks are `block_size` positions from 0.
+too, `keep=None`); `exact_block_mass_triton` is its bf16 oracle's mass, at the cost of two QK^T passes. One
+prompt, no cached prefix: query i and key i are both position i, and blocks are `block_size` positions from 0.
 """
 
 from __future__ import annotations
@@ -11,6 +12,13 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .dispatch import FLOOR
+
+_FLOOR = tl.constexpr(FLOOR)
+_LOG2E = 1.4426950408889634
 
 
 def _causal_scores(
@@ -126,3 +134,60 @@ def selected_attention(
         kept = min(end, length) - start
         out[start : start + kept] = o.permute(2, 0, 1, 3).reshape(end - start, num_qo_heads, head_dim)[:kept]
     return out, torch.cat(chosen, 1)
+
+
+@triton.jit
+def _exact_block_mass_kernel(
+    q_ptr, k_ptr, mass_ptr, length, num_blocks, scale_log2, stride_ql, stride_qh, stride_kl, stride_kh,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """One (query block, query head): each row's log-sum-exp over its causal keys (first pass), then the
+    attention each causal key block holds, summed over the block's rows (second pass)."""
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    kv_head = h // GROUP
+    rows = r * BLOCK + tl.arange(0, BLOCK)
+    dims = tl.arange(0, HEAD_DIM)
+    live = rows < length
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_ql + h * stride_qh + dims[None, :], mask=live[:, None], other=0.0
+    )
+    top = tl.full([BLOCK], _FLOOR, tl.float32)
+    total = tl.zeros([BLOCK], tl.float32)
+    for c in range(0, r + 1):
+        cols = c * BLOCK + tl.arange(0, BLOCK)
+        k = tl.load(
+            k_ptr + cols[:, None] * stride_kl + kv_head * stride_kh + dims[None, :],
+            mask=cols[:, None] < length, other=0.0,
+        )  # fmt: skip
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        new_top = tl.maximum(top, tl.max(s, 1))
+        total = total * tl.exp2(top - new_top) + tl.sum(tl.exp2(s - new_top[:, None]), 1)
+        top = new_top
+    lse = top + tl.log2(tl.where(live, total, 1.0))
+    for c in range(0, r + 1):
+        cols = c * BLOCK + tl.arange(0, BLOCK)
+        k = tl.load(
+            k_ptr + cols[:, None] * stride_kl + kv_head * stride_kh + dims[None, :],
+            mask=cols[:, None] < length, other=0.0,
+        )  # fmt: skip
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        p = tl.where((cols[None, :] <= rows[:, None]) & live[:, None], tl.exp2(s - lse[:, None]), 0.0)
+        tl.store(mass_ptr + (h * num_blocks + r) * num_blocks + c, tl.sum(tl.sum(p, 1), 0))
+
+
+def exact_block_mass_triton(
+    q: torch.Tensor, k: torch.Tensor, sm_scale: float, block_size: int = 128, per_query_head: bool = False
+) -> torch.Tensor:
+    """`exact_block_mass` (its twin, held equal by the tests) in one Triton program per query block and query
+    head, in q's dtype with fp32 accumulation: two QK^T passes, nothing L x L in memory."""
+    length, num_qo_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    num_blocks = -(-length // block_size)
+    mass = torch.zeros(num_qo_heads, num_blocks, num_blocks, dtype=torch.float32, device=q.device)
+    _exact_block_mass_kernel[(num_blocks, num_qo_heads)](
+        q, k, mass, length, num_blocks, sm_scale * _LOG2E, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        GROUP=num_qo_heads // num_kv_heads, BLOCK=block_size, HEAD_DIM=head_dim, num_warps=8,
+    )  # fmt: skip
+    return mass if per_query_head else mass.view(num_kv_heads, -1, num_blocks, num_blocks).sum(1)
