@@ -221,3 +221,33 @@ def test_a_layer_range_selects_at_its_own_mass(bench: ModuleType, model) -> None
     _, densities = run("oracle:0.3@M2-3=1")
     assert all(d == 1.0 for layer in (2, 3) for d in densities[layer])
     assert max(densities[1]) < 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+@pytest.mark.parametrize("mass", [1.0, 0.5])
+def test_the_bf16_oracle_runs_the_served_kernel_over_its_selection(bench: ModuleType, mass: float) -> None:
+    """`OraclePrefill` in bf16: keeping every block gives dense's logits within bf16 rounding (FlashInfer over
+    the kept blocks, SDPA dense); half the mass keeps fewer blocks and still runs."""
+    from sglang_prefill_ext.ops import SparseSettings
+    from sglang_prefill_ext.ops.attention import BlockSparseAttention
+
+    model = tiny(
+        hidden_size=768, num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=2048,
+        initializer_range=0.02,
+    ).to("cuda", torch.bfloat16)  # fmt: skip
+    tokens = torch.randint(0, 128, (1, 1500), device="cuda")
+    dense = _logits(model, tokens, "sdpa", None).float()
+    settings = dataclasses.replace(
+        SparseSettings(block_size=128, mass=mass, local_blocks=1), dense_layers=1, max_density=1.0
+    )
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    oracle = bench.OraclePrefill(settings, BlockSparseAttention(workspace), bench.Oracle())
+    attention = bench.SparseAttention(oracle, emulate=False)
+    sparse = _logits(model, tokens, f"test_bf16_oracle_{mass}", attention).float()
+    density = bench.density_summary(attention.densities)["density"]
+    if mass == 1.0:
+        assert density == 1.0
+        torch.testing.assert_close(sparse.softmax(-1), dense.softmax(-1), atol=2e-2, rtol=0)
+    else:
+        assert density < 1.0 and torch.isfinite(sparse).all()

@@ -5,7 +5,8 @@
 # empty (native, 32K)] at a context of 32768 x YARN_FACTOR, prompts of LENGTH [130000 / 65000 / 32500: a prompt
 # and its answer within that context]:
 #   STEP=prep    the model (bench/gpu/run_real.sh REAL_MODEL=$REAL_MODEL ACCURACY=0 VARIANTS="": join, convert, YaRN
-#                views x2 and x4), and meanwhile the ops' GPU tests (-m gpu tests/ops) -> $OUT/pytest_gpu.log
+#                views x2 and x4), and meanwhile the GPU tests of ops and of the bench's bf16 oracle (-m gpu tests/ops
+#                tests/test_sparse_accuracy.py) -> $OUT/pytest_gpu.log
 #   STEP=dev     bench.accuracy.ruler_forced on the dev split at DEV_LENGTHS [LENGTH], DEV_PROMPTS [8] cases, the
 #                configs DEV_CONFIGS [CANDIDATES; attribution: add LA-B configs, one layer range sparse at a time],
 #                under DEV_TIMEOUT [500 s] (the rows are written after every case), then the dev rule
@@ -64,7 +65,7 @@ source "$REPO/bench/gpu/stack.sh"
 
 case "${STEP:-dev}" in
 prep)
-  timeout "${TESTS_TIMEOUT:-240}" $PY -m pytest -m gpu tests/ops --ignore=tests/ops/test_backend_dispatch.py -q -rfE \
+  timeout "${TESTS_TIMEOUT:-240}" $PY -m pytest -m gpu tests/ops tests/test_sparse_accuracy.py --ignore=tests/ops/test_backend_dispatch.py -q -rfE \
     -p no:cacheprovider >"$OUT/pytest_gpu.log" 2>&1 &
   tests=$!
   REAL_MODEL=$REAL_MODEL ACCURACY=0 VARIANTS="" OUT=$STUDY/real bash bench/gpu/run_real.sh 2>&1 | tail -15
