@@ -137,6 +137,19 @@ def selected_attention(
 
 
 @triton.jit
+def _key_block_scores(q, k_ptr, c, length, kv_head, stride_kl, stride_kh, scale_log2, BLOCK: tl.constexpr,
+                      HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Log2-scaled scores of q's rows against key block `c` of `kv_head`, and the block's key positions."""
+    cols = c * BLOCK + tl.arange(0, BLOCK)
+    dims = tl.arange(0, HEAD_DIM)
+    k = tl.load(
+        k_ptr + cols[:, None] * stride_kl + kv_head * stride_kh + dims[None, :],
+        mask=cols[:, None] < length, other=0.0,
+    )  # fmt: skip
+    return tl.dot(q, tl.trans(k)) * scale_log2, cols
+
+
+@triton.jit
 def _exact_block_mass_kernel(
     q_ptr, k_ptr, mass_ptr, length, num_blocks, scale_log2, stride_ql, stride_qh, stride_kl, stride_kh,
     GROUP: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -155,24 +168,18 @@ def _exact_block_mass_kernel(
     top = tl.full([BLOCK], _FLOOR, tl.float32)
     total = tl.zeros([BLOCK], tl.float32)
     for c in range(0, r + 1):
-        cols = c * BLOCK + tl.arange(0, BLOCK)
-        k = tl.load(
-            k_ptr + cols[:, None] * stride_kl + kv_head * stride_kh + dims[None, :],
-            mask=cols[:, None] < length, other=0.0,
-        )  # fmt: skip
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s, cols = _key_block_scores(
+            q, k_ptr, c, length, kv_head, stride_kl, stride_kh, scale_log2, BLOCK, HEAD_DIM
+        )
         s = tl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
         new_top = tl.maximum(top, tl.max(s, 1))
         total = total * tl.exp2(top - new_top) + tl.sum(tl.exp2(s - new_top[:, None]), 1)
         top = new_top
     lse = top + tl.log2(tl.where(live, total, 1.0))
     for c in range(0, r + 1):
-        cols = c * BLOCK + tl.arange(0, BLOCK)
-        k = tl.load(
-            k_ptr + cols[:, None] * stride_kl + kv_head * stride_kh + dims[None, :],
-            mask=cols[:, None] < length, other=0.0,
-        )  # fmt: skip
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s, cols = _key_block_scores(
+            q, k_ptr, c, length, kv_head, stride_kl, stride_kh, scale_log2, BLOCK, HEAD_DIM
+        )
         p = tl.where((cols[None, :] <= rows[:, None]) & live[:, None], tl.exp2(s - lse[:, None]), 0.0)
         tl.store(mass_ptr + (h * num_blocks + r) * num_blocks + c, tl.sum(tl.sum(p, 1), 0))
 
@@ -182,6 +189,7 @@ def exact_block_mass_triton(
 ) -> torch.Tensor:
     """`exact_block_mass` (its twin, held equal by the tests) in one Triton program per query block and query
     head, in q's dtype with fp32 accumulation: two QK^T passes, nothing L x L in memory."""
+    q, k = q.contiguous(), k.contiguous()  # the kernel reads head_dim at unit stride
     length, num_qo_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     num_blocks = -(-length // block_size)
