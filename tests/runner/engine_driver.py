@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +44,22 @@ ENV = {
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
 }
 IDLE_CHECK_S = 2.0
+_PORTS_LOCK = threading.Lock()
+_PORTS_GIVEN: set[int] = set()
+
+
+def distinct_port() -> int:
+    """A free port no other engine of this test process was given. Engines started side by side
+    otherwise each take SGLang's `get_free_port` (bind 0, close) for their rendezvous, and two can be
+    handed the same one (EADDRINUSE, seen in CI)."""
+    with _PORTS_LOCK:
+        while True:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port not in _PORTS_GIVEN:
+                _PORTS_GIVEN.add(port)
+                return port
 
 
 def write_model(folder: Path) -> Path:
@@ -61,7 +79,7 @@ def serve(tmp: Path, name: str, run: dict[str, Any], options: dict[str, Any] | N
     import subprocess
 
     logs = {"pass_log": str(tmp / f"{name}.passes.jsonl"), "log": str(tmp / f"{name}.requests.jsonl")}
-    server = dict(run["server"])
+    server = {"nccl_port": distinct_port(), **run["server"]}
     if options is not None:
         server |= {"enable_prefill_ext": True, "prefill_ext_options": {**options, **logs}}
     run_file = tmp / f"{name}.json"
