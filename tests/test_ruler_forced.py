@@ -182,3 +182,33 @@ def test_merged_runs_are_one_run_over_their_cases(forced: ModuleType, tmp_path) 
     (tmp_path / "a" / "dense.jsonl").unlink()
     with pytest.raises(ValueError, match="configs"):
         forced.merge([tmp_path / "b", tmp_path / "a"])
+
+
+def test_the_guard_answers_a_declined_case_as_dense(forced: ModuleType) -> None:
+    def rows(right: list[bool], guards: list[dict | None] | None = None) -> dict:
+        out = {}
+        for i, r in enumerate(right):
+            case, ask = divmod(i, 2)  # two items a case
+            row = dict(length=100, seed=case, family="single", ask=ask, right=r, first=ask == 0)
+            if guards is not None:
+                row |= dict(density=0.2, guard=guards[case] if ask == 0 else None)
+            out[(100, case, "single", ask)] = row
+        return out
+
+    dense = rows([True, True, True, True, True, False])
+    # case 0 loses an item and its first sparse layer (4) reads 0.6; case 1 reads 0.9 there but 0.55 at a
+    # later checked layer; case 2 gains one and reads 0.95 throughout
+    guards = [{"4": 0.6, "8": 0.9}, {"4": 0.9, "8": 0.55}, {"4": 0.95, "8": 0.95}]
+    sparse = rows([False, True, True, True, True, True], guards)
+    low, mid, high = forced.guarded(dense, sparse, [0.5, 0.7, 0.96])
+    assert (low["declined"], low["late"], low["density"]) == (0, 0, pytest.approx(0.2))
+    assert (low["families"]["single"]["lost"], low["families"]["single"]["gained"]) == (1, 1)
+    assert (mid["declined"], mid["late"], mid["rate"]) == (2, 1, pytest.approx(2 / 3))
+    assert (mid["families"]["single"]["lost"], mid["families"]["single"]["gained"]) == (0, 1)
+    assert mid["density"] == pytest.approx((1 + 1 + 0.2) / 3)
+    assert (high["declined"], high["families"]["single"]["gained"]) == (3, 0)
+    assert "| 0.7 | 2 of 3 (1) | 0.67 |" in forced.guard_report([mid])
+    with pytest.raises(ValueError, match="guard statistics"):
+        forced.guarded(dense, rows([True] * 6, [None, None, None]), [0.5])
+    with pytest.raises(ValueError, match="differ"):
+        forced.guarded(dense, {k: v for k, v in sparse.items() if k[1] < 2}, [0.5])

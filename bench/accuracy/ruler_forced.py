@@ -6,6 +6,7 @@
     python -m bench.accuracy.ruler_forced choose OUT/summary.json --among CONFIG ...   # -> server flags
     python -m bench.accuracy.ruler_forced closer OUT/dense.jsonl OUT/A.jsonl OUT/B.jsonl
     python -m bench.accuracy.ruler_forced merge OUT1 OUT2 ... --out-dir OUT   # runs over other cases, joined
+    python -m bench.accuracy.ruler_forced guarded OUT --config CONFIG [--bounds ...]  # a run with --guard 1e-9
 
 The cases of `ruler.py` (the same haystacks, needles and questions: `ruler.cases_of`), without a server.
 Per case the haystack runs once per config: dense, then through each config's policy (`sparse_accuracy`'s
@@ -17,13 +18,15 @@ answer's token (greedy decoding would write the answer's number first); its log-
 the answer's tokens. One JSONL per config in --out-dir, rows keyed like `ruler run`'s, so `ruler compare`
 gives lost, gained and McNemar's p; `summary.json` and stdout add, per config and family, the mean change of
 the answer's log-probability against dense with its spread (and the median of its size), and the kept-block
-density; `closer` counts the items whose answer log-probability one config keeps nearer dense's than another.
+density (and, per sparse case, every checked layer's guard statistic: `guarded` gives the decline rate and
+answers of a guard at any bound); `closer` counts the items whose answer log-probability one config keeps nearer dense's than another.
 `choose` applies the dev rule (`choose`) and prints the chosen config's server flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -35,6 +38,7 @@ from typing import Any
 import torch
 
 from bench.accuracy import corpora, ruler, sparse_accuracy, tasks
+from bench.accuracy.guard_rate import declines_at
 from bench.lib.stats import Paired, mcnemar_exact
 from sglang_prefill_ext.config import sparse_flags
 from sglang_prefill_ext.ops.settings import SparseSettings
@@ -138,6 +142,47 @@ def closer(dense: dict[Any, dict], a: dict[Any, dict], b: dict[Any, dict]) -> tu
     return a_closer, b_closer, mcnemar_exact(a_closer, b_closer)
 
 
+def guarded(dense: dict[Any, dict], sparse: dict[Any, dict], bounds: list[float]) -> list[dict[str, Any]]:
+    """A guard at each bound, from one run (`ruler.load`'s rows) whose sparse rows carry every checked layer's
+    statistic (`--guard` at a bound that declines nothing, e.g. 1e-9): a case whose first checked layer under
+    the bound would decline answers as dense (exact when that is the first sparse layer, the only one
+    `--guard-every 0` checks; a later one leaves the layers before it sparse, so `late` counts the cases so
+    approximated), else as the run. Per bound: cases declined, late ones, their share, the kept density with
+    declined cases at 1, and per family the `Paired` counts against dense."""
+    if dense.keys() != sparse.keys():
+        raise ValueError("ruler_forced guarded: the runs' items differ")
+    firsts = {(r["length"], r["seed"]): r for r in sparse.values() if r["first"]}
+    if any(r.get("guard") is None for r in firsts.values()):
+        raise ValueError("ruler_forced guarded: a case has no guard statistics (run it with --guard 1e-9)")
+    stats = {case: {int(k): g for k, g in r["guard"].items()} for case, r in firsts.items()}
+    first_layer = min(min(s) for s in stats.values())
+    out = []
+    for bound in bounds:
+        at = {case: layer for case, s in stats.items() if (layer := declines_at(s, bound)) is not None}
+        families = {
+            family: dataclasses.asdict(
+                Paired.of(
+                    (d["right"], (d if key[:2] in at else sparse[key])["right"])
+                    for key, d in dense.items()
+                    if d["family"] == family
+                )
+            )
+            for family in FAMILIES
+        }
+        out.append(
+            dict(
+                bound=bound,
+                cases=len(firsts),
+                declined=len(at),
+                late=sum(layer != first_layer for layer in at.values()),
+                rate=len(at) / len(firsts),
+                density=statistics.mean(1.0 if c in at else r["density"] for c, r in firsts.items()),
+                families=families,
+            )
+        )
+    return out
+
+
 def report(summary: dict[str, Any]) -> str:
     lines = [
         "| config | family | n | dense | right | lost | gained | p | d logprob (sd) | density | forward s |",
@@ -225,16 +270,38 @@ def main() -> None:
     )
     join.add_argument("runs", nargs="+", type=Path, help="--out-dir of each run")
     join.add_argument("--out-dir", type=Path, required=True)
+    guard = sub.add_parser("guarded", help="a guard at each bound, from a run with --guard 1e-9")
+    guard.add_argument("run", type=Path, help="the run's --out-dir")
+    guard.add_argument("--config", required=True, help="the --configs entry the guard protects")
+    guard.add_argument("--bounds", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.75, 0.8])
     a = parser.parse_args()
     if a.command == "choose":
         cmd_choose(a)
     elif a.command == "merge":
         print(report(write(a.out_dir, merge(a.runs))))
+    elif a.command == "guarded":
+        dense, sparse = (ruler.load(str(a.run / f"{slug(n)}.jsonl")) for n in ("dense", a.config))
+        print(guard_report(guarded(dense, sparse, a.bounds)))
     elif a.command == "closer":
         a_closer, b_closer, p = closer(ruler.load(a.dense), ruler.load(a.a), ruler.load(a.b))
         print(f"{a.a} closer to dense on {a_closer} items, {a.b} on {b_closer} (sign test p = {p:.3g})")
     else:
         cmd_run(a, run)
+
+
+def guard_report(found: list[dict[str, Any]]) -> str:
+    lines = [
+        "| bound | declined (late) | rate | density | family | dense | right | lost | gained | p |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for g in found:
+        for family, f in g["families"].items():
+            lines.append(
+                f"| {g['bound']:g} | {g['declined']} of {g['cases']} ({g['late']}) | {g['rate']:.2f} "
+                f"| {g['density']:.3f} | {family} | {f['ref']} | {f['other']} | {f['lost']} | {f['gained']} "
+                f"| {f['p']:.3g} |"
+            )
+    return "\n".join(lines)
 
 
 def merge(runs: list[Path]) -> dict[str, list[dict[str, Any]]]:
@@ -276,12 +343,13 @@ def cmd_run(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                 else:
                     sparse_accuracy.use_attention(model, f"prefill_ext_sparse_{n}", loaded.attentions[name])
                 results, seconds = run_config(model, case.context, items, loaded.dense_attention)
-                density = None
+                density, guard = None, None
                 if name != "dense":
                     forward = loaded.attentions[name].densities[-1]
                     density = (
                         statistics.mean(statistics.mean(h) for h in forward.values()) if forward else 1.0
                     )
+                    guard = {str(layer): g for layer, g in loaded.attentions[name].guards[-1].items()}
                 for i, ((q, asked, _), (right, logprob)) in enumerate(zip(items, results, strict=True)):
                     rows[name].append(
                         dict(
@@ -297,6 +365,7 @@ def cmd_run(a: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                             logprob=logprob,
                             forward_s=seconds,
                             density=density,
+                            guard=guard,
                             ttft_s=None,
                         )
                     )

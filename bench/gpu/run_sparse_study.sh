@@ -19,7 +19,9 @@
 #                masses, and the served selection], under ORACLE_TIMEOUT [400 s] -> $OUT/oracle-$ORACLE_FIRST.tar.gz
 #                (runs from other first cases: `ruler_forced merge`); ORACLE_EMULATE=0: the same cases in bf16
 #                (dense SDPA, configs through FlashInfer as the server runs them, oracle:MASS from the Triton exact
-#                mass: ~1 s a 65K forward against the emulation's ~37 s) -> oracle-bf16-$ORACLE_FIRST
+#                mass: ~1 s a 65K forward against the emulation's ~37 s) -> oracle-bf16-$ORACLE_FIRST;
+#                ORACLE_ARGS [none]: more ruler_forced options (e.g. "--guard 1e-9 --guard-every 4": every
+#                checked layer's guard statistic in the rows, for `ruler_forced guarded`)
 #   STEP=servers the held-out step's servers side by side (bench/gpu/run_ruler.sh STEP=servers, on MODEL, once
 #                the servers of an earlier view are stopped): `stock`, `sp0`
 #                running the chosen config (DEFAULT_CONFIG without a dev step) plus SP0_ARGS [none; e.g. the
@@ -97,7 +99,7 @@ oracle)
   timeout "${ORACLE_TIMEOUT:-400}" $PY -m bench.accuracy.ruler_forced run --model-dir "$MODEL" $emulate \
     --out-dir "$STUDY/oracle-$first" --split "${ORACLE_SPLIT:-heldout}" --lengths ${ORACLE_LENGTHS:-65000} \
     --prompts "${ORACLE_PROMPTS:-6}" --first "${ORACLE_FIRST:-120}" \
-    --configs ${ORACLE_CONFIGS:-oracle:0.9@q oracle:0.95@q $DEFAULT_CONFIG} 2>&1 | grep -v -i warn | tee "$OUT/oracle.log"
+    --configs ${ORACLE_CONFIGS:-oracle:0.9@q oracle:0.95@q $DEFAULT_CONFIG} ${ORACLE_ARGS:-} 2>&1 | grep -v -i warn | tee "$OUT/oracle.log"
   tar -C "$STUDY" -czf "$OUT/oracle-$first.tar.gz" "oracle-$first"
   ;;
 servers)
