@@ -183,19 +183,22 @@ def guarded(dense: dict[Any, dict], sparse: dict[Any, dict], bounds: list[float]
     return out
 
 
+def table(columns: str, rows: list[list[str]]) -> str:
+    """A markdown table of the comma-separated `columns`, the first left-aligned and the rest right (but those
+    named with a leading `<`)."""
+    header = columns.split(",")
+    align = ["---" if i == 0 or h.startswith("<") else "---:" for i, h in enumerate(header)]
+    lines = [header, align, *rows]
+    return "\n".join("| " + " | ".join(h.lstrip("<") for h in line) + " |" for line in lines)
+
+
 def report(summary: dict[str, Any]) -> str:
-    lines = [
-        "| config | family | n | dense | right | lost | gained | p | d logprob (sd) | density | forward s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, s in summary.items():
-        for family, f in s["families"].items():
-            lines.append(
-                f"| {name} | {family} | {f['n']} | {f['dense']} | {f['right']} | {f['lost']} | {f['gained']} "
-                f"| {f['p']:.3g} | {f['dlogprob']:+.3f} ({f['dlogprob_sd']:.3f}) | {s['density']:.3f} "
-                f"| {s['forward_s']:.2f} |"
-            )
-    return "\n".join(lines)
+    return table("config,<family,n,dense,right,lost,gained,p,d logprob (sd),density,forward s", [
+        [name, family, str(f["n"]), str(f["dense"]), str(f["right"]), str(f["lost"]), str(f["gained"]),
+         f"{f['p']:.3g}", f"{f['dlogprob']:+.3f} ({f['dlogprob_sd']:.3f})", f"{s['density']:.3f}",
+         f"{s['forward_s']:.2f}"]
+        for name, s in summary.items() for family, f in s["families"].items()
+    ])  # fmt: skip
 
 
 def choose(summary: dict[str, Any], among: list[str]) -> str:
@@ -290,18 +293,12 @@ def main() -> None:
 
 
 def guard_report(found: list[dict[str, Any]]) -> str:
-    lines = [
-        "| bound | declined (late) | rate | density | family | dense | right | lost | gained | p |",
-        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for g in found:
-        for family, f in g["families"].items():
-            lines.append(
-                f"| {g['bound']:g} | {g['declined']} of {g['cases']} ({g['late']}) | {g['rate']:.2f} "
-                f"| {g['density']:.3f} | {family} | {f['ref']} | {f['other']} | {f['lost']} | {f['gained']} "
-                f"| {f['p']:.3g} |"
-            )
-    return "\n".join(lines)
+    return table("bound,declined (late),rate,density,<family,dense,right,lost,gained,p", [
+        [f"{g['bound']:g}", f"{g['declined']} of {g['cases']} ({g['late']})", f"{g['rate']:.2f}",
+         f"{g['density']:.3f}", family, str(f["ref"]), str(f["other"]), str(f["lost"]), str(f["gained"]),
+         f"{f['p']:.3g}"]
+        for g in found for family, f in g["families"].items()
+    ])  # fmt: skip
 
 
 def merge(runs: list[Path]) -> dict[str, list[dict[str, Any]]]:
