@@ -9,7 +9,9 @@
 #                tests/test_sparse_accuracy.py) -> $OUT/pytest_gpu.log
 #   STEP=dev     bench.accuracy.ruler_forced on the dev split at DEV_LENGTHS [LENGTH], DEV_PROMPTS [8] cases, the
 #                configs DEV_CONFIGS [CANDIDATES; attribution: add LA-B configs, one layer range sparse at a time],
-#                under DEV_TIMEOUT [500 s] (the rows are written after every case), then the dev rule
+#                under DEV_TIMEOUT [500 s] (the rows are written after every case), DEV_ARGS [none] more
+#                ruler_forced options (e.g. "--guard 1e-9 --guard-every 8": the guard's bound is read off the
+#                dev rows with `ruler_forced guarded`), then the dev rule
 #                (`ruler_forced choose`) over CANDIDATES -> $STUDY/chosen (config) and $STUDY/chosen-flags; tables
 #                and JSONL in $OUT/dev.tar.gz
 #   STEP=oracle  the oracle bound (issue 37): bench.accuracy.ruler_forced --emulate --tf32 (fp32 model, exact
@@ -81,7 +83,7 @@ dev)
   export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
   # shellcheck disable=SC2086  # lists
   timeout "${DEV_TIMEOUT:-500}" $PY -m bench.accuracy.ruler_forced run --model-dir "$MODEL" --out-dir "$STUDY/dev" \
-    --split dev --lengths ${DEV_LENGTHS:-$LENGTH} --prompts "${DEV_PROMPTS:-8}" --configs $DEV_CONFIGS 2>&1 \
+    --split dev --lengths ${DEV_LENGTHS:-$LENGTH} --prompts "${DEV_PROMPTS:-8}" --configs $DEV_CONFIGS ${DEV_ARGS:-} 2>&1 \
     | grep -v -i warn | tee "$OUT/dev.log"
   # shellcheck disable=SC2086
   $PY -m bench.accuracy.ruler_forced choose "$STUDY/dev/summary.json" --among $CANDIDATES \
