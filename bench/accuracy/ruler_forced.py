@@ -19,7 +19,8 @@ the answer's tokens. One JSONL per config in --out-dir, rows keyed like `ruler r
 gives lost, gained and McNemar's p; `summary.json` and stdout add, per config and family, the mean change of
 the answer's log-probability against dense with its spread (and the median of its size), and the kept-block
 density (and, per sparse case, every checked layer's guard statistic: `guarded` gives the decline rate and
-answers of a guard at any bound); `closer` counts the items whose answer log-probability one config keeps nearer dense's than another.
+answers of a guard at any bound); `closer` counts the items whose answer log-probability one config keeps
+nearer dense's than another.
 `choose` applies the dev rule (`choose`) and prints the chosen config's server flags.
 """
 
@@ -201,6 +202,15 @@ def report(summary: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
+def guard_report(found: list[dict[str, Any]]) -> str:
+    return table("bound,declined (late),rate,density,<family,dense,right,lost,gained,p", [
+        [f"{g['bound']:g}", f"{g['declined']} of {g['cases']} ({g['late']})", f"{g['rate']:.2f}",
+         f"{g['density']:.3f}", family, str(f["ref"]), str(f["other"]), str(f["lost"]), str(f["gained"]),
+         f"{f['p']:.3g}"]
+        for g in found for family, f in g["families"].items()
+    ])  # fmt: skip
+
+
 def choose(summary: dict[str, Any], among: list[str]) -> str:
     """The dev rule, fixed before the dev run: among the `among` configs, those that keep every dense answer
     net (lost - gained <= 0 over the families) pass, and the least dense passing one is chosen (a tie: the
@@ -290,15 +300,6 @@ def main() -> None:
         print(f"{a.a} closer to dense on {a_closer} items, {a.b} on {b_closer} (sign test p = {p:.3g})")
     else:
         cmd_run(a, run)
-
-
-def guard_report(found: list[dict[str, Any]]) -> str:
-    return table("bound,declined (late),rate,density,<family,dense,right,lost,gained,p", [
-        [f"{g['bound']:g}", f"{g['declined']} of {g['cases']} ({g['late']})", f"{g['rate']:.2f}",
-         f"{g['density']:.3f}", family, str(f["ref"]), str(f["other"]), str(f["lost"]), str(f["gained"]),
-         f"{f['p']:.3g}"]
-        for g in found for family, f in g["families"].items()
-    ])  # fmt: skip
 
 
 def merge(runs: list[Path]) -> dict[str, list[dict[str, Any]]]:
