@@ -208,6 +208,9 @@ def test_the_guard_answers_a_declined_case_as_dense(forced: ModuleType) -> None:
     assert mid["density"] == pytest.approx((1 + 1 + 0.2) / 3)
     assert (high["declined"], high["families"]["single"]["gained"]) == (3, 0)
     assert "| 0.7 | 2 of 3 (1) | 0.67 |" in forced.guard_report([mid])
+    assert forced.choose_bound([low, mid, high]) == 0.5  # net 0 already: the fewest declines
+    assert forced.choose_bound(forced.guarded(dense, rows([False] * 6, guards), [0.5, 0.7, 0.96])) == 0.96
+    assert forced.choose_bound(forced.guarded(dense, rows([False] * 6, guards), [0.5])) is None
     with pytest.raises(ValueError, match="guard statistics"):
         forced.guarded(dense, rows([True] * 6, [None, None, None]), [0.5])
     with pytest.raises(ValueError, match="differ"):

@@ -211,6 +211,14 @@ def guard_report(found: list[dict[str, Any]]) -> str:
     ])  # fmt: skip
 
 
+def choose_bound(found: list[dict[str, Any]]) -> float | None:
+    """The guard's dev rule, fixed before the dev run (the `choose` rule's twin): the lowest bound (fewest
+    declines) at which the guarded selection keeps every dense answer net (lost - gained <= 0 over the
+    families); None when no bound does."""
+    passing = [g["bound"] for g in found if sum(f["lost"] - f["gained"] for f in g["families"].values()) <= 0]
+    return min(passing, default=None)
+
+
 def choose(summary: dict[str, Any], among: list[str]) -> str:
     """The dev rule, fixed before the dev run: among the `among` configs, those that keep every dense answer
     net (lost - gained <= 0 over the families) pass, and the least dense passing one is chosen (a tie: the
@@ -294,7 +302,9 @@ def main() -> None:
         print(report(write(a.out_dir, merge(a.runs))))
     elif a.command == "guarded":
         dense, sparse = (ruler.load(str(a.run / f"{slug(n)}.jsonl")) for n in ("dense", a.config))
-        print(guard_report(guarded(dense, sparse, a.bounds)))
+        found = guarded(dense, sparse, a.bounds)
+        print(guard_report(found))
+        print(f"the dev rule's bound (the lowest keeping every dense answer net): {choose_bound(found)}")
     elif a.command == "closer":
         a_closer, b_closer, p = closer(ruler.load(a.dense), ruler.load(a.a), ruler.load(a.b))
         print(f"{a.a} closer to dense on {a_closer} items, {a.b} on {b_closer} (sign test p = {p:.3g})")
