@@ -12,7 +12,8 @@ alone on an idle server, on `PassCost`'s clock (a fixed cost per forward pass, a
 - **blend, one pass** (not built): the same computed tokens in one pass (chunked alike), each attending to
   every position before it.
 
-Prints TTFT p50 and the p50 of stock / blend per question, per clock (`--clocks`, `FIXED_MS,TOKEN_US,PAIR_PS`),
+The plan's shape comes from the bench's own `--rag-chunks-*` flags and defaults (`ttft_bench`'s workload
+arguments). Prints TTFT p50 and the p50 of stock / blend per question, per clock (`--clocks`, `FIXED_MS,TOKEN_US,PAIR_PS`),
 so the fixed cost per pass, which the k + 1 passes pay k + 1 times, shows where the 2.5x target can be met.
 
     python -m bench.replay.blend_replay [--ratio 0.15] [--clocks 10.989,19.769,916.6 ...]
@@ -26,6 +27,7 @@ import statistics
 from collections.abc import Iterator
 
 from bench.lib.arrivals import RagChunksPlan, rag_chunks_plan
+from bench.serving.ttft_bench import add_workload_args
 from sglang_prefill_ext.blend import plan as blend_plan
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
@@ -115,26 +117,36 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ratio", type=float, default=0.15, help="--prefill-ext-blend-recompute-ratio")
     p.add_argument("--clocks", nargs="+", default=list(CLOCKS), help="FIXED_MS,TOKEN_US,PAIR_PS each")
-    p.add_argument("--questions", type=int, default=200)
-    p.add_argument("--catalogue", type=int, default=200)
-    p.add_argument("--k", type=int, default=8)
-    p.add_argument("--min-tokens", type=int, default=512)
-    p.add_argument("--max-tokens", type=int, default=2048)
-    p.add_argument("--zipf", type=float, default=1.0)
-    p.add_argument("--system", type=int, default=256, help="system prompt tokens")
-    p.add_argument("--question", type=int, default=100, help="question tokens")
+    add_workload_args(p)  # the rag-chunks shape: the bench's own flags and defaults
     p.add_argument("--chunk", type=int, default=8192, help="--chunked-prefill-size")
     p.add_argument("--warm", type=int, default=50, help="questions before the p50s (filling the store)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     plan = rag_chunks_plan(
-        random.Random(a.seed), a.questions, a.catalogue, a.k, a.min_tokens, a.max_tokens, a.zipf, 4.0
+        random.Random(a.seed),
+        a.rag_chunks_questions,
+        a.rag_chunks_catalogue,
+        a.rag_chunks_k,
+        a.rag_chunks_min_tokens,
+        a.rag_chunks_max_tokens,
+        a.rag_chunks_zipf,
+        a.rag_chunks_rate,
     )
     print("| clock (fixed ms, token us, pair ps) | stock p50 ms | k + 1 passes p50 ms | one pass p50 ms "
           "| stock / k + 1 (p50) | stock / one pass (p50) | passes (p50) | recomputed share |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for text in a.clocks:
-        s = summary(replay(plan, PassCost.parse(text), a.ratio, a.system, a.question, a.chunk), a.warm)
+        s = summary(
+            replay(
+                plan,
+                PassCost.parse(text),
+                a.ratio,
+                a.rag_chunks_system_tokens,
+                a.rag_question_tokens,
+                a.chunk,
+            ),
+            a.warm,
+        )
         print(
             f"| {text} | {s['stock']:.1f} | {s['k_passes']:.1f} | {s['one_pass']:.1f} | {s['ratio_k']:.2f}x "
             f"| {s['ratio_one']:.2f}x | {s['passes']:.0f} | {s['recomputed_share']:.3f} |"
