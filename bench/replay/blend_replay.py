@@ -26,8 +26,9 @@ import random
 import statistics
 from collections.abc import Iterator
 
-from bench.lib.arrivals import RagChunksPlan, rag_chunks_plan
+from bench.lib.arrivals import RagChunksPlan
 from bench.serving.ttft_bench import add_workload_args
+from bench.serving.workloads import rag_chunks_of
 from sglang_prefill_ext.blend import plan as blend_plan
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
@@ -122,16 +123,7 @@ def main() -> None:
     p.add_argument("--warm", type=int, default=50, help="questions before the p50s (filling the store)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    plan = rag_chunks_plan(
-        random.Random(a.seed),
-        a.rag_chunks_questions,
-        a.rag_chunks_catalogue,
-        a.rag_chunks_k,
-        a.rag_chunks_min_tokens,
-        a.rag_chunks_max_tokens,
-        a.rag_chunks_zipf,
-        a.rag_chunks_rate,
-    )
+    plan = rag_chunks_of(random.Random(a.seed), a)
     print("| clock (fixed ms, token us, pair ps) | stock p50 ms | k + 1 passes p50 ms | one pass p50 ms "
           "| stock / k + 1 (p50) | stock / one pass (p50) | passes (p50) | recomputed share |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bench.lib import real_text
-from bench.lib.arrivals import mixed_plan, rag_chunks_plan, rag_stream_plan
+from bench.lib.arrivals import RagChunksPlan, mixed_plan, rag_chunks_plan, rag_stream_plan
 from bench.lib.client import Client, Record
 
 BASELINE_LENGTHS = (1024, 8192, 32768, 100000)
@@ -362,13 +362,10 @@ def _chunk_stream(ctx: Ctx, name: str, num_tokens: int) -> list[int]:
     return ids
 
 
-async def wl_rag_chunks(ctx: Ctx, name: str) -> dict[str, Any]:
-    """(11) RAG over a catalogue of chunks (issue 40): each question retrieves k of them by Zipf
-    popularity, in relevance order, after a shared system prompt, then asks; `chunk_spans` marks the
-    chunks (stock SGLang ignores the field). Poisson arrivals."""
-    c, tok, a = ctx.client, ctx.tokens, ctx.args
-    plan = rag_chunks_plan(
-        tok.rng(name),
+def rag_chunks_of(rng: random.Random, a: argparse.Namespace) -> RagChunksPlan:
+    """The rag-chunks plan of the `--rag-chunks-*` workload arguments (`ttft_bench.add_workload_args`)."""
+    return rag_chunks_plan(
+        rng,
         a.rag_chunks_questions,
         a.rag_chunks_catalogue,
         a.rag_chunks_k,
@@ -377,6 +374,14 @@ async def wl_rag_chunks(ctx: Ctx, name: str) -> dict[str, Any]:
         a.rag_chunks_zipf,
         a.rag_chunks_rate,
     )
+
+
+async def wl_rag_chunks(ctx: Ctx, name: str) -> dict[str, Any]:
+    """(11) RAG over a catalogue of chunks (issue 40): each question retrieves k of them by Zipf
+    popularity, in relevance order, after a shared system prompt, then asks; `chunk_spans` marks the
+    chunks (stock SGLang ignores the field). Poisson arrivals."""
+    c, tok, a = ctx.client, ctx.tokens, ctx.args
+    plan = rag_chunks_of(tok.rng(name), a)
     stream = _chunk_stream(ctx, name, sum(plan.lengths))
     starts = [0, *itertools.accumulate(plan.lengths)]
     chunks = [stream[start : start + n] for start, n in zip(starts, plan.lengths, strict=False)]
