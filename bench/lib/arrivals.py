@@ -11,6 +11,7 @@ import dataclasses
 import itertools
 import random
 from collections.abc import Callable
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,3 +167,32 @@ def rag_chunks_plan(
         at.append(t)
         t += rng.expovariate(rate)
     return RagChunksPlan(lengths, tuple(at), tuple(retrieved))
+
+
+QUESTION_TOKENS = 100  # a RAG question's tokens (the bench's --rag-question-tokens)
+
+
+def add_rag_chunks_args(g: Any) -> None:
+    """The `rag-chunks` plan's flags, on an argparse parser or group (the bench's workloads, blend_replay)."""
+    g.add_argument("--rag-chunks-questions", type=int, default=200)
+    g.add_argument("--rag-chunks-catalogue", type=int, default=200, help="chunks to retrieve from")
+    g.add_argument("--rag-chunks-k", type=int, default=8, help="chunks per question")
+    g.add_argument("--rag-chunks-min-tokens", type=int, default=512)
+    g.add_argument("--rag-chunks-max-tokens", type=int, default=2048)
+    g.add_argument("--rag-chunks-zipf", type=float, default=1.0, help="popularity: Zipf exponent over ranks")
+    g.add_argument("--rag-chunks-rate", type=float, default=4.0, help="Poisson arrivals per second")
+    g.add_argument("--rag-chunks-system-tokens", type=int, default=256, help="shared by every question")
+
+
+def rag_chunks_of(rng: random.Random, a: Any) -> RagChunksPlan:
+    """The plan of `add_rag_chunks_args`' parsed flags `a`."""
+    return rag_chunks_plan(
+        rng,
+        a.rag_chunks_questions,
+        a.rag_chunks_catalogue,
+        a.rag_chunks_k,
+        a.rag_chunks_min_tokens,
+        a.rag_chunks_max_tokens,
+        a.rag_chunks_zipf,
+        a.rag_chunks_rate,
+    )

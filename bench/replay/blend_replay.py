@@ -12,8 +12,7 @@ alone on an idle server, on `PassCost`'s clock (a fixed cost per forward pass, a
 - **blend, one pass** (not built): the same computed tokens in one pass (chunked alike), each attending to
   every position before it.
 
-The plan's shape comes from the bench's own `--rag-chunks-*` flags and defaults (`ttft_bench`'s workload
-arguments). Prints TTFT p50 and the p50 of stock / blend per question, per clock (`--clocks`, `FIXED_MS,TOKEN_US,PAIR_PS`),
+The plan's shape comes from the bench's own `--rag-chunks-*` flags and defaults (`bench.lib.arrivals`). Prints TTFT p50 and the p50 of stock / blend per question, per clock (`--clocks`, `FIXED_MS,TOKEN_US,PAIR_PS`),
 so the fixed cost per pass, which the k + 1 passes pay k + 1 times, shows where the 2.5x target can be met.
 
     python -m bench.replay.blend_replay [--ratio 0.15] [--clocks 10.989,19.769,916.6 ...]
@@ -26,9 +25,7 @@ import random
 import statistics
 from collections.abc import Iterator
 
-from bench.lib.arrivals import RagChunksPlan
-from bench.serving.ttft_bench import add_workload_args
-from bench.serving.workloads import rag_chunks_of
+from bench.lib.arrivals import QUESTION_TOKENS, RagChunksPlan, add_rag_chunks_args, rag_chunks_of
 from sglang_prefill_ext.blend import plan as blend_plan
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
@@ -118,7 +115,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ratio", type=float, default=0.15, help="--prefill-ext-blend-recompute-ratio")
     p.add_argument("--clocks", nargs="+", default=list(CLOCKS), help="FIXED_MS,TOKEN_US,PAIR_PS each")
-    add_workload_args(p)  # the rag-chunks shape: the bench's own flags and defaults
+    add_rag_chunks_args(p)  # the rag-chunks shape: the bench's own flags and defaults
+    p.add_argument("--rag-question-tokens", type=int, default=QUESTION_TOKENS)
     p.add_argument("--chunk", type=int, default=8192, help="--chunked-prefill-size")
     p.add_argument("--warm", type=int, default=50, help="questions before the p50s (filling the store)")
     p.add_argument("--seed", type=int, default=0)

@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.lib.arrivals import QUESTION_TOKENS, add_rag_chunks_args
 from bench.lib.client import Client, flush_cache, server_info, wait_healthy
 from bench.lib.goodput import Targets
 from bench.serving.report import fmt, load_summary, report, summarize_workload
@@ -168,7 +169,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rag-docs", type=int, default=4)
     g.add_argument("--rag-doc-tokens", type=int, default=16384)
     g.add_argument("--rag-requests", type=int, default=64)
-    g.add_argument("--rag-question-tokens", type=int, default=100)
+    g.add_argument("--rag-question-tokens", type=int, default=QUESTION_TOKENS)
     g.add_argument("--rag-rate", type=float, default=8.0, help="Poisson arrivals per second")
     g.add_argument("--agent-sessions", type=int, default=8)
     g.add_argument("--agent-turns", type=int, default=6)
@@ -186,14 +187,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         "--rag-stream-new-every", type=int, default=24, help="a new cold document every N requests (0: never)"
     )
     g.add_argument("--rag-stream-rate", type=float, default=12.0, help="Poisson arrivals per second")
-    g.add_argument("--rag-chunks-questions", type=int, default=200)
-    g.add_argument("--rag-chunks-catalogue", type=int, default=200, help="chunks to retrieve from")
-    g.add_argument("--rag-chunks-k", type=int, default=8, help="chunks per question")
-    g.add_argument("--rag-chunks-min-tokens", type=int, default=512)
-    g.add_argument("--rag-chunks-max-tokens", type=int, default=2048)
-    g.add_argument("--rag-chunks-zipf", type=float, default=1.0, help="popularity: Zipf exponent over ranks")
-    g.add_argument("--rag-chunks-rate", type=float, default=4.0, help="Poisson arrivals per second")
-    g.add_argument("--rag-chunks-system-tokens", type=int, default=256, help="shared by every question")
+    add_rag_chunks_args(g)
     g.add_argument(
         "--rag-chunks-tokenizer",
         default="",

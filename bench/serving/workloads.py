@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bench.lib import real_text
-from bench.lib.arrivals import RagChunksPlan, mixed_plan, rag_chunks_plan, rag_stream_plan
+from bench.lib.arrivals import mixed_plan, rag_chunks_of, rag_stream_plan
 from bench.lib.client import Client, Record
 
 BASELINE_LENGTHS = (1024, 8192, 32768, 100000)
@@ -360,20 +360,6 @@ def _chunk_stream(ctx: Ctx, name: str, num_tokens: int) -> list[int]:
             "lower --rag-chunks-catalogue or --rag-chunks-max-tokens"
         )
     return ids
-
-
-def rag_chunks_of(rng: random.Random, a: argparse.Namespace) -> RagChunksPlan:
-    """The rag-chunks plan of the `--rag-chunks-*` workload arguments (`ttft_bench.add_workload_args`)."""
-    return rag_chunks_plan(
-        rng,
-        a.rag_chunks_questions,
-        a.rag_chunks_catalogue,
-        a.rag_chunks_k,
-        a.rag_chunks_min_tokens,
-        a.rag_chunks_max_tokens,
-        a.rag_chunks_zipf,
-        a.rag_chunks_rate,
-    )
 
 
 async def wl_rag_chunks(ctx: Ctx, name: str) -> dict[str, Any]:
