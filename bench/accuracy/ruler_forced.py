@@ -215,8 +215,12 @@ def choose_bound(found: list[dict[str, Any]]) -> float | None:
     """The guard's dev rule, fixed before the dev run (the `choose` rule's twin): the lowest bound (fewest
     declines) at which the guarded selection keeps every dense answer net (lost - gained <= 0 over the
     families); None when no bound does."""
-    passing = [g["bound"] for g in found if sum(f["lost"] - f["gained"] for f in g["families"].values()) <= 0]
-    return min(passing, default=None)
+    return min((g["bound"] for g in found if net_lost(g["families"]) <= 0), default=None)
+
+
+def net_lost(families: dict[str, dict[str, Any]]) -> int:
+    """Dense's answers lost net of those gained, over the families (both dev rules' test)."""
+    return sum(f["lost"] - f["gained"] for f in families.values())
 
 
 def choose(summary: dict[str, Any], among: list[str]) -> str:
@@ -225,20 +229,17 @@ def choose(summary: dict[str, Any], among: list[str]) -> str:
     higher answer log-probability); if none passes, the fewest net lost,
     then the higher answer log-probability."""
 
-    def net_lost(name: str) -> int:
-        return sum(f["lost"] - f["gained"] for f in summary[name]["families"].values())
-
     def dlogprob(name: str) -> float:
         families = summary[name]["families"].values()
         return sum(f["dlogprob"] * f["n"] for f in families) / max(1, sum(f["n"] for f in families))
 
-    passing = [name for name in among if net_lost(name) <= 0]
+    passing = [name for name in among if net_lost(summary[name]["families"]) <= 0]
     if passing:
         return min(
             passing,
             key=lambda n: (summary[n]["density"], -dlogprob(n)),
         )
-    return min(among, key=lambda n: (net_lost(n), -dlogprob(n)))
+    return min(among, key=lambda n: (net_lost(summary[n]["families"]), -dlogprob(n)))
 
 
 def server_flags(config_text: str) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -125,17 +125,23 @@ class RagChunksPlan:
         what a prefix cache can reuse at most, the chunk sequence matched up to its first difference)."""
         sent = seen_anywhere = seen_as_prefix = 0
         seen: set[int] = set()
+        for chunks, depth in zip(self.retrieved, self.prefix_depths(), strict=True):
+            sent += sum(self.lengths[c] for c in chunks)
+            seen_anywhere += sum(self.lengths[c] for c in chunks if c in seen)
+            seen_as_prefix += sum(self.lengths[c] for c in chunks[:depth])
+            seen.update(chunks)
+        return sent, seen_anywhere, seen_as_prefix
+
+    def prefix_depths(self) -> Iterator[int]:
+        """Per question, how many of its leading chunks an earlier question had in the same places (what a
+        prefix cache matches past the system prompt)."""
         prefixes: set[tuple[int, ...]] = set()
         for chunks in self.retrieved:
-            matched = True
-            for depth, chunk in enumerate(chunks):
-                sent += self.lengths[chunk]
-                seen_anywhere += self.lengths[chunk] if chunk in seen else 0
-                matched = matched and chunks[: depth + 1] in prefixes
-                seen_as_prefix += self.lengths[chunk] if matched else 0
-            seen.update(chunks)
-            prefixes.update(chunks[: depth + 1] for depth in range(len(chunks)))
-        return sent, seen_anywhere, seen_as_prefix
+            depth = 0
+            while depth < len(chunks) and chunks[: depth + 1] in prefixes:
+                depth += 1
+            yield depth
+            prefixes.update(chunks[: d + 1] for d in range(len(chunks)))
 
 
 def rag_chunks_plan(

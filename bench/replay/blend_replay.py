@@ -21,12 +21,14 @@ so the fixed cost per pass, which the k + 1 passes pay k + 1 times, shows where 
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 from collections.abc import Iterator
 
 from bench.lib.arrivals import QUESTION_TOKENS, RagChunksPlan, add_rag_chunks_args, rag_chunks_of
 from sglang_prefill_ext.blend import plan as blend_plan
+from sglang_prefill_ext.blend.spans import Span
 from sglang_prefill_ext.runner.pass_cost import PassCost
 
 # the H200 refit (8B shape, 2026-12-04-capacity-replay-cpu.md); the same clock at Qwen2.5-Coder-1.5B's weights
@@ -35,21 +37,13 @@ from sglang_prefill_ext.runner.pass_cost import PassCost
 CLOCKS = ("10.989,19.769,916.6", "10.989,3.79,300.8", "5,3.79,300.8", "2,3.79,300.8")
 
 
-def prompts(
-    plan: RagChunksPlan, system: int, question: int
-) -> Iterator[tuple[int, int, tuple[tuple[int, int], ...], int]]:
+def prompts(plan: RagChunksPlan, system: int, question: int) -> Iterator[tuple[int, int, tuple[Span, ...]]]:
     """Per question: its prompt length, the stock tree's match (system prompt, then the chunk sequence up to
-    its first chunk no earlier question had there), its chunk spans, and its index."""
-    prefixes: set[tuple[int, ...]] = set()
-    for i, chunks in enumerate(plan.retrieved):
-        spans, cursor, matched = [], system, system if i else 0
-        for depth, chunk in enumerate(chunks):
-            spans.append((cursor, cursor + plan.lengths[chunk]))
-            cursor += plan.lengths[chunk]
-            if matched == spans[-1][0] and chunks[: depth + 1] in prefixes:
-                matched = cursor
-        prefixes.update(chunks[: depth + 1] for depth in range(len(chunks)))
-        yield cursor + question, matched, tuple(spans), i
+    its first chunk no earlier question had there: `RagChunksPlan.prefix_depths`), and its chunk spans."""
+    for i, (chunks, depth) in enumerate(zip(plan.retrieved, plan.prefix_depths(), strict=True)):
+        ends = list(itertools.accumulate((plan.lengths[c] for c in chunks), initial=system))
+        spans = tuple(zip(ends, ends[1:], strict=False))
+        yield ends[-1] + question, ends[depth] if i else 0, spans
 
 
 def chunked_ms(clock: PassCost, runs: list[tuple[int, int]], chunk: int) -> float:
@@ -72,19 +66,19 @@ def replay(
     """Per question: stock's, k + 1 passes' and one pass's TTFT in ms, and the blend's recomputed share."""
     seen: dict[int, int] = {}  # chunk -> the position it was stored at
     rows = []
-    for prompt_len, matched, spans, i in prompts(plan, system, question):
+    for chunks, (prompt_len, matched, spans) in zip(
+        plan.retrieved, prompts(plan, system, question), strict=True
+    ):
         stock = chunked_ms(clock, [(matched, prompt_len)], chunk)
         asked = blend_plan.lookups(spans, matched, page_size=1)
-        hits = {
-            lk.index: seen[plan.retrieved[i][lk.index]] for lk in asked if plan.retrieved[i][lk.index] in seen
-        }
+        hits = {lk.index: seen[chunks[lk.index]] for lk in asked if chunks[lk.index] in seen}
         bp = blend_plan.plan(prompt_len, matched, spans, asked, hits, ratio)
         computed = [(run.start, run.end) for run in bp.extends]
         k_passes = sum(chunked_ms(clock, [run], chunk) for run in computed)
         one_pass = chunked_ms(clock, computed, chunk)
         counts = bp.counts(spans)
         for lk in asked:
-            seen.setdefault(plan.retrieved[i][lk.index], spans[lk.index][0])
+            seen.setdefault(chunks[lk.index], spans[lk.index][0])
         rows.append(
             dict(
                 stock=stock, k_passes=k_passes, one_pass=one_pass, passes=len(computed),
