@@ -135,14 +135,15 @@ def test_the_dev_rule_takes_the_least_dense_config_that_keeps_every_answer(force
 def test_server_flags_give_the_configs_selection(forced: ModuleType) -> None:
     from sglang_prefill_ext.config import PrefillExtConfig
 
-    flags = forced.server_flags("antidiagonal:0.8@x16,q")
+    flags = forced.server_flags("antidiagonal:0.8@x4,q")
     assert flags[:2] == ["--enable-prefill-ext", "--prefill-ext-sparse"]
     assert flags[2:] == ["--prefill-ext-sparse-mass", "0.8"]
     with pytest.raises(ValueError, match="layer range"):
         forced.server_flags("antidiagonal:0.8@x16,q,L7-13")
-    budgets = forced.server_flags("antidiagonal:0.8@x16,q,M7-20=0.97,M0-3=0.7")
+    budgets = forced.server_flags("antidiagonal:0.8@x4,q,M7-20=0.97,M0-3=0.7")
     assert budgets[-2:] == ["--prefill-ext-sparse-layer-mass", "7-20=0.97,0-3=0.7"]
-    assert forced.server_flags("antidiagonal:0.9@x16,q") == flags[:2]  # the server's defaults
+    assert forced.server_flags("antidiagonal:0.9@x4,q") == flags[:2]  # the server's defaults
+    assert forced.server_flags("antidiagonal:0.9@x16,q")[2:] == ["--prefill-ext-sparse-stride", "16"]
     pairs = dict(zip(flags[2::2], flags[3::2], strict=True))
     options = {k.removeprefix("--prefill-ext-").replace("-", "_"): v for k, v in pairs.items()}
     settings = PrefillExtConfig.from_options(options).sparse_settings

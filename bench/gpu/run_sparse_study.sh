@@ -58,7 +58,7 @@ case ${YARN_FACTOR:-1} in
 1) LENGTH=${LENGTH:-32500} PPL_LENGTHS=${PPL_LENGTHS:-32768} ;;
 *) echo "YARN_FACTOR=$YARN_FACTOR: 4, 2 or empty (the views run_real.sh makes)" >&2 && exit 2 ;;
 esac
-DEFAULT_CONFIG=${DEFAULT_CONFIG:-antidiagonal:0.9@x16,q}
+DEFAULT_CONFIG=${DEFAULT_CONFIG:-antidiagonal:0.9@x4,q}
 # per-layer budgets: the middle layers, where the loss is (2026-12-04's attribution), at a higher mass
 CANDIDATES=${CANDIDATES:-$DEFAULT_CONFIG antidiagonal:0.8@x16,q,M7-20=0.95 antidiagonal:0.8@x16,q,M7-20=0.97 antidiagonal:0.9@x16,q,M7-20=0.97 antidiagonal:0.7@x16,q,M7-20=0.95}
 DEV_CONFIGS=${DEV_CONFIGS:-$CANDIDATES}

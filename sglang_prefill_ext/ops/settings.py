@@ -74,9 +74,10 @@ class SparseSettings:
         "Sampled scorer and guard: query rows sampled per query block (its last, then evenly back to its first).",
     )
     stride: int = _setting(
-        16,
+        4,
         "Antidiagonal scorer: query and key positions packed per antidiagonal (a power of two dividing the "
-        "block size); the scoring matmul costs 1/stride of QK^T.",
+        "block size); the scoring matmul costs 1/stride of QK^T. 4 is the dev split's pick over 8 and 16 "
+        "(bench/results/2026-12-07-h100-sparse-stride-served.md).",
     )
     threshold: float = _setting(
         0.003,
