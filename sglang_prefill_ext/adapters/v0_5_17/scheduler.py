@@ -40,6 +40,7 @@ module while SGLang's own modules are still loading.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 
 from sglang_prefill_ext.adapters import scheduling
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
     from sglang_prefill_ext.adapters.v0_5_17.blending import Blending
+
+logger = logging.getLogger(__name__)
 
 
 def landed(flight: Flight) -> bool:
@@ -109,9 +112,10 @@ class PrefillExtScheduler(scheduling.PrefillExtScheduler):
         return end
 
     def _admit_blended(self, req: Req) -> None:
-        """Just admitted, `req` with chunk spans runs its blend plan: its extend cut at the first
-        computed run's end, it becomes the adder's chunked request; computed whole where it cannot
-        (another request is chunked this pass). A request asking for its prompt's logprobs is not
+        """Just admitted, `req` with chunk spans runs its blend plan: in this one pass where SGLang
+        admitted its whole prompt and the backend can (`Blending.pend`); else its extend cut at the
+        first computed run's end, it becomes the adder's chunked request; computed whole where it
+        cannot (another request is chunked this pass). A request asking for its prompt's logprobs is not
         blended (the reused tokens' would be missing; SGLang sets the start past the prompt for output
         logprobs only)."""
         blending, adder = self.blending, self._adder
@@ -122,6 +126,9 @@ class PrefillExtScheduler(scheduling.PrefillExtScheduler):
             return
         blending.admit(req, spans)
         start, end = req.extend_range.start, req.extend_range.end
+        if blending.one_pass and end == len(req.origin_input_ids):
+            blending.pend(req)
+            return
         cut = blending.extend_end(req)
         if cut >= end:
             return
@@ -166,11 +173,15 @@ def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
             f"{option_name('yield_layers')}: {type(model).__name__} has no forward_split_prefill"
         )
     if glue.config.blend:
+        from sglang_prefill_ext.adapters.v0_5_17.blend_forward import refusal
         from sglang_prefill_ext.adapters.v0_5_17.blending import Blending, rope_of
 
         pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
+        why = refusal(scheduler.tp_worker.model_runner.attn_backend, glue.config)
+        if why is not None:
+            logger.warning("%s: one forward pass per computed run on %s", option_name("blend"), why)
         glue.blending = Blending(
-            scheduler.tree_cache, pool, rope_of(model), glue.config.blend_recompute_ratio
+            scheduler.tree_cache, pool, rope_of(model), glue.config.blend_recompute_ratio, why is None
         )
     return glue
 
