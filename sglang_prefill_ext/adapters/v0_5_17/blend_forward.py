@@ -110,9 +110,10 @@ def _entries(
     pending = {i: a for i, req in enumerate(batch.reqs) if (a := blending.take(req)) is not None}
     if not pending:
         return {}
-    mode = forward_batch.forward_mode
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
     expandable = (
-        mode.is_extend()
+        forward_batch.forward_mode in (ForwardMode.EXTEND, ForwardMode.MIXED)
         and not forward_batch.capture_hidden_mode.is_full()
         and batch.input_embeds is None
         and not _input_logprobs(batch)
