@@ -12,8 +12,8 @@ alone on an idle server, on `PassCost`'s clock (a fixed cost per forward pass, a
   before, its computed runs one pass each (re-rotation and copies not priced);
 - **blend, one pass** (what serving runs when SGLang admits the whole prompt past its match at once,
   docs/BLEND.md): the same computed tokens in one pass (chunked alike), each attending to every position
-  before it. Serving's chunk budget counts the reused tokens too, so a prompt the replay prices as one pass
-  may be served as k + 1 where the budget is short of the whole prompt.
+  before it. Serving charges the chunk budget a blended request's computed tokens; where they exceed what
+  is left of it, it serves the k + 1 passes where the replay chunks one pass.
 
 The plan's shape comes from the bench's own `--rag-chunks-*` flags and defaults (`bench.lib.arrivals`). Prints TTFT p50 and the p50 of stock / blend per question, per clock (`--clocks`, `FIXED_MS,TOKEN_US,PAIR_PS`),
 so the fixed cost per pass, which the k + 1 passes pay k + 1 times, shows where the 2.5x target can be met.

@@ -64,6 +64,8 @@ BLEND_SPANS = [
 STORED, REUSED, ABORTED, AGAIN, REFUSED, BOTH = range(6)
 # a high static fraction: engines loading side by side take memory between its two readings
 SERVER = {"chunked_prefill_size": 512, "mem_fraction_static": 0.3}
+# below a reordered prompt's 344 tokens past the match (its reused ones counted), above its 104 computed
+BLEND_SERVER = {**SERVER, "chunked_prefill_size": 256}
 BLEND = {"blend": True, "blend_recompute_ratio": RATIO, "log_fingerprints": True, "fingerprint_block": 32}
 ABORT = {"round": ABORTED, "after_passes": 1}
 # name: (the extension's options, None: stock; rounds; their spans; the abort; server keywords)
@@ -77,9 +79,9 @@ ENGINES = {
         None,
         SERVER,
     ),
-    "blend": (BLEND, BLEND_ROUNDS, BLEND_SPANS, ABORT, SERVER),
-    # SGLang's overlap event loop: the next pass formed (its reused chunk placed) while the last one runs
-    "overlap": (BLEND, BLEND_ROUNDS, BLEND_SPANS, ABORT, {**SERVER, "disable_overlap_schedule": False}),
+    "blend": (BLEND, BLEND_ROUNDS, BLEND_SPANS, ABORT, BLEND_SERVER),
+    # SGLang's overlap event loop: the next pass formed while the last one runs
+    "overlap": (BLEND, BLEND_ROUNDS, BLEND_SPANS, ABORT, {**BLEND_SERVER, "disable_overlap_schedule": False}),
     # a chunk budget below the reordered prompt: SGLang chunks it, so it runs one pass per computed run
     "passes": (BLEND, BLEND_ROUNDS[:2], BLEND_SPANS[:2], None, {**SERVER, "chunked_prefill_size": 64}),
 }
@@ -136,11 +138,13 @@ def test_a_reordered_set_reuses_the_store_and_recomputes_the_ratio_s_heads_in_on
 ) -> None:
     """The first prompt stores its 8 chunks; the reordered one matches the system prompt in the tree,
     reuses all 8 from the store and computes each chunk's head (ceil(0.25 * 40) = 10 tokens) and the
-    question, all in one forward pass: one extend of its whole prompt past the match, as scheduled."""
+    question, all in one forward pass: one extend of its whole prompt past the match, as scheduled,
+    though that extend (344) exceeds the chunk budget (256): the budget is charged its 104 computed
+    tokens. The stored prompt, reusing nothing, is chunked by it."""
     blend = served["blend"]
     log = lines(blend)
     stored, reused = log[f"round{STORED}-0"], log[f"round{REUSED}-0"]
-    assert stored["chunks"] == 1
+    assert stored["chunks"] == 2
     assert stored["blend"] == {
         "chunk_tokens": 8 * CHUNK,
         "hits": 0,
@@ -156,9 +160,15 @@ def test_a_reordered_set_reuses_the_store_and_recomputes_the_ratio_s_heads_in_on
         "reused_tokens": 8 * (CHUNK - HEAD),
         "recomputed_tokens": 8 * HEAD,
     }
-    # the passes as scheduled ([new tokens, cached tokens, continues]): the stored prompt, the reordered
+    # the passes as scheduled ([new tokens, cached tokens, continues]): the stored prompt's two, the
+    # reordered one's
     extends = [p["reqs"] for p in blend["pass_log"] if p["reqs"]]
-    assert extends[:2] == [[[len(FIRST), 0, 0]], [[len(SECOND) - SYSTEM, SYSTEM, 0]]]
+    budget = BLEND_SERVER["chunked_prefill_size"]
+    assert extends[:3] == [
+        [[budget, 0, 1]],
+        [[len(FIRST) - budget, budget, 0]],
+        [[len(SECOND) - SYSTEM, SYSTEM, 0]],
+    ]
     assert blend["finish"][REUSED] == ["length"]
 
 
@@ -248,26 +258,29 @@ def test_the_overlap_loop_serves_the_same(served: dict[str, dict[str, Any]]) -> 
     blend, overlap = served["blend"], served["overlap"]
     done = [i for i, finish in enumerate(blend["finish"]) if finish == ["length"]]
     assert [overlap["outputs"][i] for i in done] == [blend["outputs"][i] for i in done]
-    # the stored, reused, aborted and again rounds' passes (the abort lands as it may)
-    assert [p["reqs"] for p in overlap["pass_log"] if p["reqs"]][:4] == [
+    # the stored (two), reused, aborted and again rounds' passes (the abort lands as it may)
+    assert [p["reqs"] for p in overlap["pass_log"] if p["reqs"]][:5] == [
         p["reqs"] for p in blend["pass_log"] if p["reqs"]
-    ][:4]
+    ][:5]
     for rid in (f"round{STORED}-0", f"round{REUSED}-0"):
         assert lines(overlap)[rid]["blend"] == lines(blend)[rid]["blend"]
     assert lines(overlap)[f"round{ABORTED}-0"]["error"] is not None
     assert overlap["alive"] == served["stock"]["alive"]
 
 
-def test_a_second_blended_request_over_the_pass_s_budget_runs_its_extends(
-    served: dict[str, dict[str, Any]],
-) -> None:
-    """Two reordered prompts in one batch: the first admitted runs in one pass; the other, whose whole
-    prompt does not fit the budget the first left (512 less its 334 tokens, reused ones counted),
-    becomes SGLang's chunked request and runs its plan's extends, one pass each (its first chunk's
-    head in the tree: 1 token, 7 heads, the question). Both reuse all 8 chunks, and end without error."""
+def test_two_blended_requests_share_one_pass(served: dict[str, dict[str, Any]]) -> None:
+    """Two reordered prompts in one batch, each extend (334 tokens) above the budget (256) but each
+    charged its computed tokens only: both admitted whole, both run in the same one pass, each reusing
+    all 8 chunks, and end without error."""
     blend = served["blend"]
     first, second = (lines(blend)[f"round{BOTH}-{i}"] for i in range(2))
-    assert first["blend"]["hits"] == 8 and first["chunks"] == 1
-    assert second["blend"]["hits"] == 8 and second["chunks"] == 9
+    assert first["blend"]["hits"] == second["blend"]["hits"] == 8
+    assert first["chunks"] == second["chunks"] == 1
     assert first["error"] is None and second["error"] is None
+    # each from its match on: the system prompt and its first chunk's head, the third order's with the
+    # token after it (the tree took them from its earlier runs)
+    head, again = SYSTEM + HEAD, SYSTEM + HEAD + 1
+    assert [p["reqs"] for p in blend["pass_log"] if len(p["reqs"]) == 2] == [
+        [[len(SECOND) - head, head, 0], [len(THIRD) - again, again, 0]]
+    ]
     assert blend["finish"][BOTH] == ["length", "length"]

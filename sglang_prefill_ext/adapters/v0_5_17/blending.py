@@ -79,6 +79,12 @@ class Blending:
         self.cache.exact_lens[req] = admission.exact_len
         return admission
 
+    def reusable(self, req: Req, spans: tuple[Span, ...]) -> int:
+        """How many tokens `admit` would reuse for waiting `req` now (its match as it stands)."""
+        tokens = as_token_array(req.origin_input_ids, len(req.origin_input_ids))
+        plan, _ = blend.plan_of(self.cache, tokens, req.extra_key, spans, len(req.prefix_indices), self.ratio)
+        return plan.reused_tokens
+
     def pend(self, req: Req) -> None:
         """`req`, admitted with its whole prompt past the match, runs in one pass if it reuses anything."""
         if self._admissions[req].plan.reused_tokens:
