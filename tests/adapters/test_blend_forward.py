@@ -132,9 +132,18 @@ ATTENTION = "sglang.srt.layers.attention"
     [
         (_backend(f"{ATTENTION}.torch_native_backend.TorchNativeAttnBackend"), None),
         (_backend(f"{ATTENTION}.flashattention_backend.FlashAttentionBackend"), None),
-        (_backend(f"{ATTENTION}.flashinfer_backend.FlashInferAttnBackend", use_paged=True), None),
         (
-            _backend(f"{ATTENTION}.flashinfer_backend.FlashInferAttnBackend", use_paged=False),
+            _backend(
+                f"{ATTENTION}.flashinfer_backend.FlashInferAttnBackend", use_paged=True, prefill_backend="fa2"
+            ),
+            None,
+        ),
+        (
+            _backend(
+                f"{ATTENTION}.flashinfer_backend.FlashInferAttnBackend",
+                use_paged=False,
+                prefill_backend="fa2",
+            ),
             "FlashInfer's ragged prefill",
         ),
         (_backend(f"{ATTENTION}.triton_backend.TritonAttnBackend"), "backend TritonAttnBackend"),

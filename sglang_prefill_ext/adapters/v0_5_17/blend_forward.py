@@ -53,7 +53,9 @@ def refusal(attn_backend: Any, config: PrefillExtConfig) -> str | None:
     they can."""
     if config.yield_layers:
         return f"{option_name('yield_layers')} (a sliced pass runs its own forward)"
-    backend = getattr(attn_backend, "prefill_backend", attn_backend)
+    backend = attn_backend
+    if type(backend).__name__ == "HybridAttnBackend":  # its prefill backend runs the extend
+        backend = backend.prefill_backend
     kind = type(backend)
     name = f"{kind.__module__}.{kind.__qualname__}"
     if name not in _SHARED_ROW_BACKENDS:
