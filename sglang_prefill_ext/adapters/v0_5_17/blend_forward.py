@@ -18,7 +18,8 @@ The backends `refusal` accepts write every entry's new KV into the pool before a
 reads the page table, and align the causal mask at each entry's end, so entry j's rows see every
 slot before them, reused or computed by an earlier entry in the same layer: the plan's extends'
 KV and logits in one pass, on stock kernels. A pending request this pass cannot expand (input
-logprobs or full hidden states asked in its batch, its extend not its whole plan) is computed whole.
+logprobs or full hidden states asked in its batch, input or replaced embeddings, multimodal inputs,
+its extend not its whole plan) is computed whole.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def _entries(
         forward_batch.forward_mode in (ForwardMode.EXTEND, ForwardMode.MIXED)
         and not forward_batch.capture_hidden_mode.is_full()
         and batch.input_embeds is None
+        and batch.replace_embeds is None  # its positions index the batch's rows
         and not _input_logprobs(batch)
     )
     entries = {}
@@ -125,7 +127,7 @@ def _entries(
         req, plan = batch.reqs[i], admission.plan
         start, length = batch.prefix_lens[i], batch.extend_lens[i]
         whole = start == plan.prefix_len and start + length == plan.runs[-1].end
-        if expandable and whole:
+        if expandable and whole and req.multimodal_inputs is None:
             blending.place_all(req)
             entries[i] = [(run.start, run.end) for run in plan.extends]
         else:
