@@ -106,10 +106,12 @@ class PrefillExtScheduler(scheduling.PrefillExtScheduler):
 
     def defer(self, req: Req, adder: PrefillAdder) -> bool:
         self._settle_credit(adder)
-        if super().defer(req, adder):
-            return True
         if self.blending is not None and self.blending.one_pass:
+            # before stock's checks: one that a chunked request continues measures the budget left
             self._credit_reused(req, adder)
+        if super().defer(req, adder):
+            self._settle_credit(adder)  # not taken this pass: the budget as it was
+            return True
         return False
 
     def admitted(self, adder: PrefillAdder) -> None:
