@@ -7,10 +7,13 @@ alone on an idle server, on `PassCost`'s clock (a fixed cost per forward pass, a
 
 - **stock**: the prefix tree reuses the system prompt and the chunk sequence up to its first chunk no earlier
   question had at that place; the rest is prefilled in chunks of `--chunk` tokens, a pass each;
-- **blend, k + 1 passes** (what serving runs, docs/BLEND.md): `blend.plan` over a store that holds every chunk
-  seen before, its computed runs one pass each (re-rotation and copies not priced);
-- **blend, one pass** (not built): the same computed tokens in one pass (chunked alike), each attending to
-  every position before it.
+- **blend, k + 1 passes** (what serving runs where one pass cannot: a prompt over the chunk budget, a
+  backend not listed in docs/BLEND.md "Serving"): `blend.plan` over a store that holds every chunk seen
+  before, its computed runs one pass each (re-rotation and copies not priced);
+- **blend, one pass** (what serving runs when SGLang admits the whole prompt past its match at once,
+  docs/BLEND.md): the same computed tokens in one pass (chunked alike), each attending to every position
+  before it. Serving charges the chunk budget a blended request's computed tokens; where they exceed what
+  is left of it, it serves the k + 1 passes where the replay chunks one pass.
 
 The plan's shape comes from the bench's own `--rag-chunks-*` flags and defaults (`bench.lib.arrivals`). Prints TTFT p50 and the p50 of stock / blend per question, per clock (`--clocks`, `FIXED_MS,TOKEN_US,PAIR_PS`),
 so the fixed cost per pass, which the k + 1 passes pay k + 1 times, shows where the 2.5x target can be met.

@@ -60,6 +60,27 @@ def check_pool(pool: Any) -> None:
         raise ValueError("--prefill-ext-blend cannot re-position keys in: " + "; ".join(refused))
 
 
+def plan_of(
+    cache: Any,
+    tokens: np.ndarray,
+    namespace: Hashable,
+    spans: tuple[Span, ...],
+    prefix_len: int,
+    ratio: float,
+) -> tuple[BlendPlan, dict[int, Node]]:
+    """Plan the prompt `tokens` (int64) past its matched `prefix_len` over the store as it is now,
+    locking nothing; the store entries its reused runs read (span index -> entry)."""
+    asked = lookups(spans, prefix_len, cache.page_size)
+    found: dict[int, Node] = {}
+    for lookup in asked:
+        key = tokens[lookup.start : lookup.start + lookup.length]
+        entry = cache.tree.chunks.match(cache.tree.query(key, namespace))
+        if entry is not None:
+            found[lookup.index] = entry
+    result = plan(len(tokens), prefix_len, spans, asked, {i: e.depth for i, e in found.items()}, ratio)
+    return result, {run.span: found[run.span] for run in result.runs if run.reused}
+
+
 def admit(
     cache: Any,
     tokens: np.ndarray,
@@ -69,18 +90,9 @@ def admit(
     ratio: float,
 ) -> BlendAdmission:
     """Plan the prompt `tokens` (int64) past its matched `prefix_len` and lock the chunks it reuses."""
-    store = cache.tree.chunks
-    asked = lookups(spans, prefix_len, cache.page_size)
-    found: dict[int, Node] = {}
-    for lookup in asked:
-        key = tokens[lookup.start : lookup.start + lookup.length]
-        entry = store.match(cache.tree.query(key, namespace))
-        if entry is not None:
-            found[lookup.index] = entry
-    result = plan(len(tokens), prefix_len, spans, asked, {i: e.depth for i, e in found.items()}, ratio)
-    entries = {run.span: found[run.span] for run in result.runs if run.reused}
+    result, entries = plan_of(cache, tokens, namespace, spans, prefix_len, ratio)
     for entry in entries.values():
-        store.lock(entry)
+        cache.tree.chunks.lock(entry)
     return BlendAdmission(result, entries, namespace, tokens, spans)
 
 

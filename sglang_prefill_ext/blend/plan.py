@@ -7,8 +7,10 @@ chunk shorter than a page. Between two runs lies a reused run, whose KV comes fr
 re-rotated, V copied). Attention is causal, so a computed row never reads a later row: running the
 computed runs one after another, each as a plain extend whose prefix is every earlier slot (reused
 or computed), gives the very KV and logits of the one-pass blended prefill (tests/blend/test_plan.py).
-That is what lets the server run blending on stock extend kernels, at the price of one forward pass
-per computed run after a reused one (up to one per reused chunk, plus the last).
+That is what lets the server run blending on stock extend kernels: in one forward pass, one batch
+entry per computed run over the request's slots (the backend writes each entry's KV before it
+attends, causal at each entry's end), or, where that cannot run, one pass per computed run after a
+reused one (up to one per reused chunk, plus the last).
 
 `lookups` says which spans the chunk store is asked about (those past the prefix-tree match with at
 least a page of tokens, keyed by their page-aligned head); `plan` turns the answers into runs.
@@ -77,7 +79,8 @@ class BlendPlan:
 
     @property
     def extends(self) -> tuple[Run, ...]:
-        """The computed runs: one forward pass each, in order, the reused run before each written first."""
+        """The computed runs, in order: the one pass's batch entries (every reused run written first),
+        or one forward pass each (the reused run before each written first)."""
         return tuple(run for run in self.runs if not run.reused)
 
     def counts(self, spans: tuple[Span, ...]) -> BlendCounts:

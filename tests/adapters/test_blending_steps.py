@@ -7,7 +7,9 @@ a function of its token and position) do. Between passes SGLang's own `cache_unf
 then `place_next`; at the end `finish` and SGLang's own `release_kv_cache`. Checked: the passes are
 the plan's extends, every slot of the row holds its token's KV at its position before each pass, the
 tree takes only the exact tokens, each reused chunk recomputes its ratio's head, an abort between
-passes stores nothing, and afterwards the pool passes SGLang's idle leak check."""
+passes stores nothing, and afterwards the pool passes SGLang's idle leak check. The one pass
+(`pend`, `take`, `place_all`): its whole extend allocated at once, the reused runs placed before the
+forward writes the computed rows, the same KV in every slot."""
 
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ class Server:
         publish(HARNESS.parse_server_args(), role="test")  # what `release_kv_cache` reads
         self.cache = PrefillExtRadixCache(HARNESS.cpu_cache_params("lru", 1, size=pool_tokens))
         self.kv, self.oracle, self.pool_tokens = pool(pool_tokens), Oracle(), pool_tokens
-        self.blending = Blending(self.cache, self.kv, ROPE, 0.25)
+        self.blending = Blending(self.cache, self.kv, ROPE, 0.25, one_pass=True)
 
     def prompt(self, order: str) -> tuple[list[int], tuple[tuple[int, int], ...]]:
         tokens, spans = list(SYSTEM), []
@@ -88,16 +90,36 @@ class Server:
         prefix = req.prefix_indices.to(torch.int64)
         assert torch.equal(self.row(req, start), prefix), "the next extend's prefix is not the request's row"
         self.check_row(req, start, "before a pass")
-        req.set_extend_range(start, end)
-        slots = self.cache.token_to_kv_pool_allocator.alloc(end - start).to(torch.int64)
-        rows = self.cache.req_to_token_pool
-        rows.write((req.req_pool_idx, slice(start, end)), slots.to(torch.int32))
-        if req.kv is None:
-            req.kv = ReqKvInfo(kv_allocated_len=end, swa_evicted_seqlen=0)
-        req.kv.kv_allocated_len = req.kv_committed_len = end
+        slots = self.allocate(req, start, end)
         ids = torch.tensor(list(req.origin_input_ids[start:end]), dtype=torch.int64)
         self.oracle.write(self.kv, slots, ids, torch.arange(start, end))
         return start, end
+
+    def allocate(self, req: Req, start: int, end: int) -> torch.Tensor:
+        """What `alloc_for_extend` does for the extend [start, end): slots, the row, `req.kv`."""
+        req.set_extend_range(start, end)
+        slots = self.cache.token_to_kv_pool_allocator.alloc(end - start).to(torch.int64)
+        self.cache.req_to_token_pool.write((req.req_pool_idx, slice(start, end)), slots.to(torch.int32))
+        if req.kv is None:
+            req.kv = ReqKvInfo(kv_allocated_len=end, swa_evicted_seqlen=0)
+        req.kv.kv_allocated_len = req.kv_committed_len = end
+        return slots
+
+    def one_pass(self, req: Req) -> list[tuple[int, int]]:
+        """`req`'s whole extend allocated, its reused runs placed, the forward's computed rows (each
+        entry's) written; the entries."""
+        start, end = len(req.prefix_indices), len(req.origin_input_ids)
+        self.allocate(req, start, end)
+        self.blending.pend(req)
+        admission = self.blending.take(req)
+        assert admission is not None and self.blending.take(req) is None  # taken once: its pass
+        self.blending.place_all(req)
+        entries = [(run.start, run.end) for run in admission.plan.extends]
+        for lo, hi in entries:
+            ids = torch.tensor(list(req.origin_input_ids[lo:hi]), dtype=torch.int64)
+            self.oracle.write(self.kv, self.row(req, hi)[lo:], ids, torch.arange(lo, hi))
+        self.check_row(req, end, "the prompt's KV after one pass")
+        return entries
 
     def row(self, req: Req, length: int) -> torch.Tensor:
         return self.cache.req_to_token_pool.req_to_token[req.req_pool_idx, :length].to(torch.int64)
@@ -151,6 +173,38 @@ def test_a_reordered_set_runs_the_ratio_s_heads_as_its_passes(served: Server) ->
     # the tree took the exact tokens only: the system prompt and C's head
     assert served.matched(tokens) == spans[0][0] + heads[0]
     assert served.cache.exact_lens.get(req) == spans[0][0] + heads[0]
+    served.check_idle()
+
+
+def test_one_pass_places_every_reused_run_in_the_slots_of_its_extend(served: Server) -> None:
+    """A reordered set (ABC, then CAB) in one pass: the whole prompt past the system prompt allocated
+    at once, every reused run placed, the entries the ratio's heads and the question; SGLang's count of
+    cached tokens takes the reused ones; the tree takes the exact tokens only; released, nothing
+    leaks."""
+    served.serve("ABC", "r0")
+    req = served.admit("CAB", "r1")
+    tokens, spans = served.prompt("CAB")
+    heads = [math.ceil(0.25 * (end - start)) for start, end in spans]
+    entries = served.one_pass(req)
+    assert [start for start, _ in entries] == [len(SYSTEM), *(end for _, end in spans)]
+    assert [end - start for start, end in entries] == [*heads, len(QUESTION)]
+    reused = sum(end - start - head for (start, end), head in zip(spans, heads, strict=True))
+    assert req.cached_tokens == reused  # placed; `prepare_for_extend` adds the tree's match
+    served.blending.finish(req, completed=True)
+    req.finished_reason = "length"
+    release_kv_cache(req, served.cache)
+    assert served.matched(tokens) == spans[0][0] + heads[0]
+    served.check_idle()
+
+
+def test_a_request_reusing_nothing_runs_as_an_ordinary_extend(served: Server) -> None:
+    req = served.admit("AB", "r0")
+    served.blending.pend(req)
+    assert served.blending.take(req) is None  # nothing to place: the forward is SGLang's own
+    assert served.run_pass(req) == (0, len(req.origin_input_ids))
+    served.blending.finish(req, completed=True)
+    req.finished_reason = "length"
+    release_kv_cache(req, served.cache)
     served.check_idle()
 
 

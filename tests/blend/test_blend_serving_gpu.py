@@ -6,10 +6,11 @@
   same request without it, on a server without `--prefill-ext-blend` (its greedy identity with stock
   itself is `run_real.sh`'s);
 - under `--prefill-ext-blend`: ratio 1 gives the full prefill's greedy ids; a reordered chunk set runs
-  as the ratio's heads and the question (its `--prefill-ext-log` line: `chunks`, one pass each, and
-  `blend`, the tokens reused and recomputed); malformed spans get a 400 with `parse_chunk_spans`'s
-  message, on `/generate` and on `/v1/completions`. The same on the CPU, on a tiny model:
-  tests/blend/test_blend_serving.py.
+  as the ratio's heads and the question in one forward pass on the server's fa3 backend (its
+  `--prefill-ext-log` line: `chunks`, and `blend`, the tokens reused and recomputed); with a chunk
+  budget below the prompt it runs one pass per computed run instead, to the same greedy ids;
+  malformed spans get a 400 with `parse_chunk_spans`'s message, on `/generate` and on
+  `/v1/completions`. The same on the CPU, on a tiny model: tests/blend/test_blend_serving.py.
 """
 
 from __future__ import annotations
@@ -123,17 +124,26 @@ def test_ratio_one_is_the_full_prefill(tmp_path: Path, flag_off: Server) -> None
         assert server.generate(second, chunk_spans=reordered) == full
 
 
-def test_a_reordered_set_runs_the_ratio_s_heads(tmp_path: Path) -> None:
-    log = tmp_path / "requests.jsonl"
-    argv = ("--enable-prefill-ext", "--prefill-ext-blend", "--prefill-ext-blend-recompute-ratio", "0.15")
-    with _serve(tmp_path, "ratio015", *argv, "--prefill-ext-log", str(log)) as server:
+def _reordered(tmp_path: Path, name: str, *argv: str) -> tuple[dict[str, dict[str, Any]], list[int]]:
+    """ABC stored, then CAB blended at ratio 0.15 on a server with `argv`: its log lines by rid, and
+    CAB's greedy ids."""
+    log = tmp_path / f"{name}.jsonl"
+    blend = ("--enable-prefill-ext", "--prefill-ext-blend", "--prefill-ext-blend-recompute-ratio", "0.15")
+    with _serve(tmp_path, name, *blend, *argv, "--prefill-ext-log", str(log)) as server:
         first, spans = _prompt("ABC")
         server.generate(first, chunk_spans=spans, rid="abc")
         second, reordered = _prompt("CAB")
-        server.generate(second, chunk_spans=reordered, rid="cab")
-    lines = {r["rid"]: r for r in map(json.loads, log.read_text().splitlines()) if "rid" in r}
-    # the store hit all three: one pass per chunk head (ceil(0.15 * 256) = 39 tokens) and one for the
-    # question, the system prompt matched in the tree
+        ids = server.generate(second, chunk_spans=reordered, rid="cab")
+    return {r["rid"]: r for r in map(json.loads, log.read_text().splitlines()) if "rid" in r}, ids
+
+
+def test_a_reordered_set_runs_the_ratio_s_heads_in_one_pass(tmp_path: Path) -> None:
+    """The one pass (fa3: every entry's KV written before the page table is read) against the same
+    plan run one extend per pass (a chunk budget of 128 below the prompt's 808 tokens past the match):
+    the same greedy ids (bf16: the rows are computed in other batches, so only the ids)."""
+    lines, ids = _reordered(tmp_path, "one-pass")
+    # the store hit all three: each chunk head (ceil(0.15 * 256) = 39 tokens) and the question, the
+    # system prompt matched in the tree
     assert lines["abc"]["chunks"] == 1
     assert lines["abc"]["blend"] == {
         "chunk_tokens": 3 * CHUNK,
@@ -141,7 +151,7 @@ def test_a_reordered_set_runs_the_ratio_s_heads(tmp_path: Path) -> None:
         "reused_tokens": 0,
         "recomputed_tokens": 0,
     }
-    assert lines["cab"]["chunks"] == 4
+    assert lines["cab"]["chunks"] == 1
     assert lines["cab"]["cached_tokens"] >= 64
     assert lines["cab"]["blend"] == {
         "chunk_tokens": 3 * CHUNK,
@@ -149,6 +159,10 @@ def test_a_reordered_set_runs_the_ratio_s_heads(tmp_path: Path) -> None:
         "reused_tokens": 3 * (CHUNK - 39),
         "recomputed_tokens": 3 * 39,
     }
+    passes, passes_ids = _reordered(tmp_path, "passes", "--chunked-prefill-size", "128")
+    assert passes["cab"]["chunks"] == 4  # a head's pass per chunk, the question's
+    assert passes["cab"]["blend"] == lines["cab"]["blend"]
+    assert passes_ids == ids
 
 
 def test_malformed_spans_get_a_400(tmp_path: Path) -> None:

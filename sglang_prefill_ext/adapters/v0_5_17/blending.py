@@ -1,11 +1,14 @@
 """Chunk blending's steps on SGLang 0.5.17's chunked prefill (docs/BLEND.md, "Serving").
 
-A blended request runs its prompt as its plan's extends, one pass each, as SGLang's chunked request.
-The scheduler adapter (`scheduler.PrefillExtScheduler`) calls these, per request:
+A blended request runs its prompt in one forward pass when SGLang admitted all of it at once and the
+backend can (`one_pass`; `blend_forward`), else as its plan's extends, one pass each, as SGLang's
+chunked request. The scheduler adapter (`scheduler.PrefillExtScheduler`) calls these, per request:
 
 - `mark(req, spans)` when the scheduler makes the `Req` (`handle_generate_request`);
 - `admit(req, spans)` once `PrefillAdder` admitted it (its prefix matched): look up, plan, lock
   (`adapters.blend.admit`); from then on the tree takes only its first `exact_len` tokens;
+- `pend(req)`: admitted whole, it runs in one pass; the model forward's hook `take`s it and
+  `place_all` writes its reused runs into the slots SGLang allocated for its whole extend;
 - `extend_end(req)`: where its extend from `len(req.prefix_indices)` may end at most, the end of the
   computed run that holds that position (the adder's extend is capped to it);
 - `compute_from(req, position)`: everything from `position` on computed (no reuse there), for a
@@ -45,12 +48,16 @@ if TYPE_CHECKING:
 class Blending:
     """The blended requests of one scheduler, over its tree cache and its KV pool."""
 
-    def __init__(self, cache: PrefillExtRadixCache, pool: Any, rope: Rope, ratio: float) -> None:
+    def __init__(
+        self, cache: PrefillExtRadixCache, pool: Any, rope: Rope, ratio: float, one_pass: bool = False
+    ) -> None:
         if cache.page_size != 1:
             raise ValueError(f"--prefill-ext-blend needs --page-size 1 for now (got {cache.page_size})")
         blend.check_pool(pool)
         self.cache, self.pool, self.rope, self.ratio = cache, pool, rope, ratio
+        self.one_pass = one_pass  # the model forward can run a request's computed runs as one batch
         self._admissions: weakref.WeakKeyDictionary[Req, blend.BlendAdmission] = weakref.WeakKeyDictionary()
+        self._pending: weakref.WeakSet[Req] = weakref.WeakSet()
         self._spans: weakref.WeakKeyDictionary[Req, tuple[Span, ...]] = weakref.WeakKeyDictionary()
 
     def mark(self, req: Req, spans: Any) -> None:
@@ -71,6 +78,34 @@ class Blending:
         self._admissions[req] = admission
         self.cache.exact_lens[req] = admission.exact_len
         return admission
+
+    def reusable(self, req: Req, spans: tuple[Span, ...]) -> int:
+        """How many tokens `admit` would reuse for waiting `req` now (its match as it stands)."""
+        tokens = as_token_array(req.origin_input_ids, len(req.origin_input_ids))
+        plan, _ = blend.plan_of(self.cache, tokens, req.extra_key, spans, len(req.prefix_indices), self.ratio)
+        return plan.reused_tokens
+
+    def pend(self, req: Req) -> None:
+        """`req`, admitted with its whole prompt past the match, runs in one pass if it reuses anything."""
+        if self._admissions[req].plan.reused_tokens:
+            self._pending.add(req)
+
+    def take(self, req: Req) -> blend.BlendAdmission | None:
+        """`req`'s admission if it waits for its one pass (once: the pass is this one), else None."""
+        if req not in self._pending:
+            return None
+        self._pending.discard(req)
+        return self._admissions[req]
+
+    def place_all(self, req: Req) -> None:
+        """Every reused run of `req`'s plan into its slots (allocated with its extend); SGLang's count
+        of its cached tokens takes them, as it takes a placed run's in `place_next`."""
+        admission = self._admissions[req]
+        blend.place(
+            self.pool, self.rope, admission, self.cache.req_to_token_pool.req_to_token[req.req_pool_idx]
+        )
+        if not req.retracted_stain:  # SGLang counts a retracted request's cached tokens once
+            req.cached_tokens += admission.plan.reused_tokens
 
     def _run_at(self, req: Req) -> Run | None:
         """The run of `req`'s plan that holds its first position past `prefix_indices`."""
@@ -115,6 +150,7 @@ class Blending:
     def finish(self, req: Req, completed: bool) -> BlendCounts | None:
         """Store the spans that missed (when `completed`), unlock the reused ones; what the plan did
         with the chunk tokens (None: `req` was not admitted blended)."""
+        self._pending.discard(req)
         admission = self._admissions.pop(req, None)
         if admission is None:
             return None

@@ -16,6 +16,7 @@ from sglang_prefill_ext.config import OptionError, option_name
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
     from sglang.srt.mem_cache.registry import TreeCacheBuildContext
@@ -126,9 +127,29 @@ def create_attention_backend(runner: ModelRunner, name: str) -> AttentionBackend
 
 
 def wants_eager_prefill(runner: ModelRunner, forward_batch: ForwardBatch) -> bool:
-    """True for batches the extension's backend must run without a captured prefill graph."""
+    """True for batches the extension's backend must run without a captured prefill graph, and for a
+    blended one-pass batch (its entries share a request's row)."""
+    if not extension_enabled(runner.server_args):
+        return False
+    from sglang_prefill_ext.adapters.v0_5_17.blend_forward import expanded
+
     wants = getattr(runner.attn_backend, "wants_eager_prefill", None)
-    return wants is not None and wants(forward_batch)
+    return expanded(forward_batch) or (wants is not None and wants(forward_batch))
+
+
+def forward(
+    runner: ModelRunner, batch: ScheduleBatch | None, forward_batch: ForwardBatch, **kwargs: Any
+) -> Any:
+    """`tp_worker.forward_batch_generation`'s model forward: `runner.forward(forward_batch, **kwargs)`,
+    or under --prefill-ext-blend the one-pass blended forward of `batch` (`blend_forward.forward`).
+    The scheduler's extension is found through the batch's tree cache (None: the flag is off)."""
+    glue = getattr(getattr(batch, "tree_cache", None), "prefill_ext_scheduler", None)
+    blending = getattr(glue, "blending", None)
+    if blending is None or not blending.one_pass:
+        return runner.forward(forward_batch, **kwargs)
+    from sglang_prefill_ext.adapters.v0_5_17.blend_forward import forward as blended
+
+    return blended(blending, runner, batch, forward_batch, **kwargs)
 
 
 def validate_input_ids(manager: TokenizerManager, input_ids: list[int] | None) -> None:

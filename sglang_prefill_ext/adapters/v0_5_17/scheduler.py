@@ -24,12 +24,15 @@ The patched `release_kv_cache` (every finished or aborted request passes through
 that owns that tree cache.
 
 Under `--prefill-ext-blend` (`blending.Blending`): `handle_generate_request` passes each new `Req`
-to `received(scheduler, req, recv_req)`, which keeps its chunk spans. A request with spans is
-admitted blended when the queue loop admits it: its extend is cut at its plan's first computed run
-and it becomes the adder's chunked request; each later pass, `add_chunked_req` first places the
-reused run its prefix ends at, then caps the extend at the next computed run's end. SGLang chunks one
-request at a time, so a request whose plan needs more than one pass while another is chunked is
-computed from its match on (its missed chunks still stored). `released` stores and unlocks.
+to `received(scheduler, req, recv_req)`, which keeps its chunk spans. Before the adder takes a request
+with spans, `defer` adds the tokens it would reuse to the chunk budget when only its computed tokens
+fit. A request with spans is admitted blended when the queue loop admits it: admitted whole, it runs
+in one pass (`blend_forward`, from the model forward's hook); else its extend is cut at its plan's
+first computed run and it becomes the adder's chunked request; each later pass, `add_chunked_req`
+first places the reused run its prefix ends at, then caps the extend at the next computed run's end.
+SGLang chunks one request at a time, so a request whose plan needs more than one pass while another
+is chunked is computed from its match on (its missed chunks still stored). `released` stores and
+unlocks.
 
 What 0.5.17 spells its own way (where a request's match ends, when its pages landed, how stock
 matches a waiting request) is read here; the rest is `adapters.scheduling`, shared with 0.5.23, and
@@ -40,6 +43,7 @@ module while SGLang's own modules are still loading.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 
 from sglang_prefill_ext.adapters import scheduling
@@ -54,6 +58,9 @@ if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
     from sglang_prefill_ext.adapters.v0_5_17.blending import Blending
+    from sglang_prefill_ext.blend.spans import Span
+
+logger = logging.getLogger(__name__)
 
 
 def landed(flight: Flight) -> bool:
@@ -78,6 +85,7 @@ class PrefillExtScheduler(scheduling.PrefillExtScheduler):
     position = staticmethod(position)
     blending: Blending | None = None  # under --prefill-ext-blend
     _continuing: Req | None = None  # this pass's continuing chunked request, once added
+    _credit: tuple[Req, int] | None = None  # reused tokens added to the chunk budget for a request
 
     @staticmethod
     def _extend_end(req: Req) -> int:
@@ -96,9 +104,55 @@ class PrefillExtScheduler(scheduling.PrefillExtScheduler):
         run = self.blending.extend_end(req) - len(req.prefix_indices)
         return run if cap is None else min(cap, run)
 
+    def defer(self, req: Req, adder: PrefillAdder) -> bool:
+        self._settle_credit(adder)
+        if self.blending is not None and self.blending.one_pass:
+            # before stock's checks: one that a chunked request continues measures the budget left
+            self._credit_reused(req, adder)
+        if super().defer(req, adder):
+            self._settle_credit(adder)  # not taken this pass: the budget as it was
+            return True
+        return False
+
     def admitted(self, adder: PrefillAdder) -> None:
+        self._settle_credit(adder)
         super().admitted(adder)
         self._continuing = None
+
+    def _credit_reused(self, req: Req, adder: PrefillAdder) -> None:
+        """Before `PrefillAdder` takes blendable `req`: if only its computed tokens fit the pass's chunk
+        budget, add the tokens it would reuse to the budget, so that it is admitted whole and runs in
+        one pass (the adder charges its whole extend; the pass computes the rest only)."""
+        spans = self._blendable(req)
+        rem = adder.rem_chunk_tokens
+        extend = self._uncached(req)
+        if spans is None or rem is None or extend <= rem:
+            return
+        reused = self.blending.reusable(req, spans)
+        if reused and extend - reused <= rem:
+            adder.rem_chunk_tokens += reused
+            self._credit = (req, reused)
+
+    def _settle_credit(self, adder: PrefillAdder) -> None:
+        """After the adder's call on the credited request: it keeps the credit if admitted whole (its
+        computed tokens charged), else the budget is what it was."""
+        if self._credit is None:
+            return
+        req, reused = self._credit
+        self._credit = None
+        whole = any(r is req for r in adder.can_run_list) and req.extend_range.end == len(
+            req.origin_input_ids
+        )
+        if not whole:
+            adder.rem_chunk_tokens -= reused
+
+    def _blendable(self, req: Req) -> tuple[Span, ...] | None:
+        """`req`'s chunk spans if it may be blended (not one asking for its prompt's logprobs: the
+        reused tokens' would be missing; SGLang sets the start past the prompt for output logprobs
+        only)."""
+        if req.return_logprob and 0 <= req.logprob_start_len < len(req.origin_input_ids):
+            return None
+        return self.blending.spans(req)
 
     def _chunk_end(self, req: Req) -> int:
         if self.blending is not None:
@@ -109,19 +163,19 @@ class PrefillExtScheduler(scheduling.PrefillExtScheduler):
         return end
 
     def _admit_blended(self, req: Req) -> None:
-        """Just admitted, `req` with chunk spans runs its blend plan: its extend cut at the first
+        """Just admitted, blendable `req` runs its blend plan: in this one pass where SGLang admitted
+        its whole prompt and the backend can (`Blending.pend`); else its extend cut at the first
         computed run's end, it becomes the adder's chunked request; computed whole where it cannot
-        (another request is chunked this pass). A request asking for its prompt's logprobs is not
-        blended (the reused tokens' would be missing; SGLang sets the start past the prompt for output
-        logprobs only)."""
+        (another request is chunked this pass)."""
         blending, adder = self.blending, self._adder
-        spans = blending.spans(req)
+        spans = self._blendable(req)
         if spans is None or blending.admission(req) is not None:
-            return
-        if req.return_logprob and 0 <= req.logprob_start_len < len(req.origin_input_ids):
             return
         blending.admit(req, spans)
         start, end = req.extend_range.start, req.extend_range.end
+        if blending.one_pass and end == len(req.origin_input_ids):
+            blending.pend(req)
+            return
         cut = blending.extend_end(req)
         if cut >= end:
             return
@@ -166,11 +220,15 @@ def build(scheduler: Scheduler) -> PrefillExtScheduler | None:
             f"{option_name('yield_layers')}: {type(model).__name__} has no forward_split_prefill"
         )
     if glue.config.blend:
+        from sglang_prefill_ext.adapters.v0_5_17.blend_forward import refusal
         from sglang_prefill_ext.adapters.v0_5_17.blending import Blending, rope_of
 
         pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
+        why = refusal(scheduler.tp_worker.model_runner.attn_backend, glue.config)
+        if why is not None:
+            logger.warning("%s: one forward pass per computed run on %s", option_name("blend"), why)
         glue.blending = Blending(
-            scheduler.tree_cache, pool, rope_of(model), glue.config.blend_recompute_ratio
+            scheduler.tree_cache, pool, rope_of(model), glue.config.blend_recompute_ratio, why is None
         )
     return glue
 
