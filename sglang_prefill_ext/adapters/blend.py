@@ -2,9 +2,10 @@
 
 The three steps a blended request takes around its prefill, after the tree matched its prefix:
 
-- `admit`: look up each span past the match in the chunk store (`tree.chunks`, exact token ids),
-  plan the prompt's computed and reused runs (`blend.plan`), and lock the entries it reuses: they
-  count as protected in the cache's sizes until `release`;
+- `plan_of`: look up each span past the match in the chunk store (`tree.chunks`, exact token ids)
+  and plan the prompt's computed and reused runs (`blend.plan`), locking nothing; `lock` then makes
+  it the request's admission: the entries it reuses count as protected in the cache's sizes until
+  `release`;
 - `place`: once the request holds slots for everything the tree did not match, write each reused
   run into them, every layer: K re-rotated from its cached positions (`ops.rerotate`), V copied;
 - `store`: once the request's KV is computed, copy each looked-up span that missed into slots of
@@ -67,9 +68,9 @@ def plan_of(
     spans: tuple[Span, ...],
     prefix_len: int,
     ratio: float,
-) -> tuple[BlendPlan, dict[int, Node]]:
+) -> BlendAdmission:
     """Plan the prompt `tokens` (int64) past its matched `prefix_len` over the store as it is now,
-    locking nothing; the store entries its reused runs read (span index -> entry)."""
+    with the store entries its reused runs read, locking nothing (`lock` does)."""
     asked = lookups(spans, prefix_len, cache.page_size)
     found: dict[int, Node] = {}
     for lookup in asked:
@@ -78,22 +79,16 @@ def plan_of(
         if entry is not None:
             found[lookup.index] = entry
     result = plan(len(tokens), prefix_len, spans, asked, {i: e.depth for i, e in found.items()}, ratio)
-    return result, {run.span: found[run.span] for run in result.runs if run.reused}
-
-
-def admit(
-    cache: Any,
-    tokens: np.ndarray,
-    namespace: Hashable,
-    spans: tuple[Span, ...],
-    prefix_len: int,
-    ratio: float,
-) -> BlendAdmission:
-    """Plan the prompt `tokens` (int64) past its matched `prefix_len` and lock the chunks it reuses."""
-    result, entries = plan_of(cache, tokens, namespace, spans, prefix_len, ratio)
-    for entry in entries.values():
-        cache.tree.chunks.lock(entry)
+    entries = {run.span: found[run.span] for run in result.runs if run.reused}
     return BlendAdmission(result, entries, namespace, tokens, spans)
+
+
+def lock(cache: Any, admission: BlendAdmission) -> BlendAdmission:
+    """Lock the store entries `plan_of`'s `admission` reuses (evictable again at `release`): the
+    request's admission."""
+    for entry in admission.entries.values():
+        cache.tree.chunks.lock(entry)
+    return admission
 
 
 def release(cache: Any, admission: BlendAdmission) -> None:

@@ -169,7 +169,9 @@ class BlendServingMachine(PoolAccounting, RuleBasedStateMachine):
         self.cache.inc_lock_ref(match.last_device_node)
         matched = HARNESS.matched_indices(self.cache, match).to(torch.int64)
         ids = np.array(tokens, dtype=np.int64)
-        admission = blend.admit(self.cache, ids, None, spans, len(matched), self.ratio)
+        admission = blend.lock(
+            self.cache, blend.plan_of(self.cache, ids, None, spans, len(matched), self.ratio)
+        )
         request = Request(tokens, match.last_device_node, matched, admission)
         self.in_flight.append(request)
         fresh = self._alloc(len(tokens) - len(matched))
@@ -275,7 +277,9 @@ def test_a_reordered_chunk_set_hits_the_store_and_recomputes_the_ratios_heads() 
         tokens += question
         match = cache.match_prefix(MatchPrefixParams(key=HARNESS.radix_key(tokens[:-1])))
         matched = HARNESS.matched_indices(cache, match).to(torch.int64)
-        admission = blend.admit(cache, np.array(tokens), None, tuple(spans), len(matched), 0.25)
+        admission = blend.lock(
+            cache, blend.plan_of(cache, np.array(tokens), None, tuple(spans), len(matched), 0.25)
+        )
         row = torch.cat([matched, cache.token_to_kv_pool_allocator.alloc(len(tokens) - len(matched))])
         ids, positions = torch.tensor(tokens), torch.arange(len(tokens))
         for run in admission.plan.extends:

@@ -6,7 +6,7 @@ chunked request. The scheduler adapter (`scheduler.PrefillExtScheduler`) calls t
 
 - `mark(req, spans)` when the scheduler makes the `Req` (`handle_generate_request`);
 - `admit(req, spans)` once `PrefillAdder` admitted it (its prefix matched): look up, plan, lock
-  (`adapters.blend.admit`); from then on the tree takes only its first `exact_len` tokens;
+  (`adapters.blend.plan_of`, `lock`); from then on the tree takes only its first `exact_len` tokens;
 - `pend(req)`: admitted whole, it runs in one pass; the model forward's hook `take`s it and
   `place_all` writes its reused runs into the slots SGLang allocated for its whole extend;
 - `extend_end(req)`: where its extend from `len(req.prefix_indices)` may end at most, the end of the
@@ -73,17 +73,19 @@ class Blending:
 
     def admit(self, req: Req, spans: tuple[Span, ...]) -> blend.BlendAdmission:
         """Plan `req`'s prompt past its matched prefix and lock the chunks the plan reuses."""
-        tokens = as_token_array(req.origin_input_ids, len(req.origin_input_ids)).copy()
-        admission = blend.admit(self.cache, tokens, req.extra_key, spans, len(req.prefix_indices), self.ratio)
+        admission = blend.lock(self.cache, self._plan(req, spans))
         self._admissions[req] = admission
         self.cache.exact_lens[req] = admission.exact_len
         return admission
 
     def reusable(self, req: Req, spans: tuple[Span, ...]) -> int:
         """How many tokens `admit` would reuse for waiting `req` now (its match as it stands)."""
-        tokens = as_token_array(req.origin_input_ids, len(req.origin_input_ids))
-        plan, _ = blend.plan_of(self.cache, tokens, req.extra_key, spans, len(req.prefix_indices), self.ratio)
-        return plan.reused_tokens
+        return self._plan(req, spans).plan.reused_tokens
+
+    def _plan(self, req: Req, spans: tuple[Span, ...]) -> blend.BlendAdmission:
+        """`req`'s plan past its match as it stands, nothing locked (`blend.plan_of`)."""
+        tokens = as_token_array(req.origin_input_ids, len(req.origin_input_ids)).copy()
+        return blend.plan_of(self.cache, tokens, req.extra_key, spans, len(req.prefix_indices), self.ratio)
 
     def pend(self, req: Req) -> None:
         """`req`, admitted with its whole prompt past the match, runs in one pass if it reuses anything."""
