@@ -76,10 +76,8 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def gpu_ms(fn: Callable[[], object], reps: int = 5) -> float:
-    """Device milliseconds per run of `fn`'s kernels (their sum, from torch.profiler): what `fn` costs the GPU
-    when the host launches ahead of it, as in a forward whose other layers keep the GPU busy; `timed` also
-    counts the GPU waiting for launches."""
+def gpu_kernels(fn: Callable[[], object], reps: int = 5) -> dict[str, float]:
+    """Device milliseconds per run of each of `fn`'s kernels (torch.profiler), largest first."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -88,7 +86,15 @@ def gpu_ms(fn: Callable[[], object], reps: int = 5) -> float:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / reps / 1e3
+    times = {e.key: e.self_device_time_total / reps / 1e3 for e in prof.key_averages()}
+    return dict(sorted(((k, v) for k, v in times.items() if v > 0), key=lambda kv: -kv[1]))
+
+
+def gpu_ms(fn: Callable[[], object], reps: int = 5) -> float:
+    """Device milliseconds per run of `fn`'s kernels (their sum): what `fn` costs the GPU when the host
+    launches ahead of it, as in a forward whose other layers keep the GPU busy; `timed` also counts the GPU
+    waiting for launches."""
+    return sum(gpu_kernels(fn, reps).values())
 
 
 def matmul_ceiling() -> float:
@@ -417,7 +423,8 @@ def plan_once_rows(
         sparse.begin(layout, locs)
         mask = sparse.select(q, k, scale)
         select_ms = timed(lambda sparse=sparse: sparse.select(q, k, scale), 5)
-        select_gpu_ms = gpu_ms(lambda sparse=sparse: sparse.select(q, k, scale))
+        kernels = gpu_kernels(lambda sparse=sparse: sparse.select(q, k, scale))
+        select_gpu_ms = sum(kernels.values())
         sparse.plan(mask, q, scale, num_kv_heads=HKV)
         fresh = sparse.attention.run(q, k, v)
         row = plan_once_row(
@@ -425,6 +432,7 @@ def plan_once_rows(
         )
         out = row.pop("out")
         row["select_gpu_ms"] = select_gpu_ms
+        row["select_kernels"] = {name[:60]: round(ms, 3) for name, ms in list(kernels.items())[:8]}
         row["rel_err"] = float((out.float() - fresh.float()).norm() / fresh.float().norm())
         rows.append(row)
         if not ends:
@@ -454,6 +462,10 @@ def table(rows: list[dict], ceiling: float) -> str:
             x = row.get(c, "")
             cells.append(f"{x:.3g}" if isinstance(x, float) and not math.isnan(x) else str(x))
         lines.append(" | ".join(cells))
+    for row in rows:
+        if "select_kernels" in row:
+            kernels = ", ".join(f"{name} {ms:.3g} ms" for name, ms in row["select_kernels"].items())
+            lines.append(f"select's kernels, {row['path']} ({row['backend']}): {kernels}")
     lines.append(
         "vs_dense: FlashInfer ragged dense (fi_dense) time / this row's (chunk rows: FlashInfer paged dense)."
     )
