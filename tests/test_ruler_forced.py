@@ -132,6 +132,15 @@ def test_the_dev_rule_takes_the_least_dense_config_that_keeps_every_answer(force
     assert forced.choose(summary, [a, b, c]) == b  # none passes: fewest net lost, then log-probability
 
 
+def test_the_dev_rule_by_forward_time_takes_the_fastest_passing_config(forced: ModuleType) -> None:
+    fine, mixed, coarse = "antidiagonal:0.9@x4,q", "antidiagonal:0.9@x16,q,S7-20=4", "antidiagonal:0.9@x16,q"
+    summary = _summary(**{fine: (1, 1, -0.1, 0.20), mixed: (2, 2, -0.2, 0.21), coarse: (3, 1, -0.3, 0.19)})
+    for name, seconds in ((fine, 1.4), (mixed, 1.1), (coarse, 0.9)):
+        summary[name]["forward_s"] = seconds
+    assert forced.choose(summary, [fine, mixed, coarse]) == fine  # the least dense passing one
+    assert forced.choose(summary, [fine, mixed, coarse], by="forward_s") == mixed  # the fastest passing one
+
+
 def test_server_flags_give_the_configs_selection(forced: ModuleType) -> None:
     from sglang_prefill_ext.config import PrefillExtConfig
 

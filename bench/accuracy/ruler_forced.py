@@ -223,11 +223,15 @@ def net_lost(families: dict[str, dict[str, Any]]) -> int:
     return sum(f["lost"] - f["gained"] for f in families.values())
 
 
-def choose(summary: dict[str, Any], among: list[str]) -> str:
+CHOOSE_BY = ("density", "forward_s")
+
+
+def choose(summary: dict[str, Any], among: list[str], by: str = "density") -> str:
     """The dev rule, fixed before the dev run: among the `among` configs, those that keep every dense answer
-    net (lost - gained <= 0 over the families) pass, and the least dense passing one is chosen (a tie: the
-    higher answer log-probability); if none passes, the fewest net lost,
-    then the higher answer log-probability."""
+    net (lost - gained <= 0 over the families) pass, and the passing one lowest in `by` is chosen: the least
+    dense, or the fastest forward (`forward_s`: for candidates whose cost is not their density, e.g. strides);
+    a tie: the higher answer log-probability. If none passes, the fewest net lost, then the higher answer
+    log-probability."""
 
     def dlogprob(name: str) -> float:
         families = summary[name]["families"].values()
@@ -237,7 +241,7 @@ def choose(summary: dict[str, Any], among: list[str]) -> str:
     if passing:
         return min(
             passing,
-            key=lambda n: (summary[n]["density"], -dlogprob(n)),
+            key=lambda n: (summary[n][by], -dlogprob(n)),
         )
     return min(among, key=lambda n: (net_lost(summary[n]["families"]), -dlogprob(n)))
 
@@ -257,7 +261,7 @@ def server_flags(config_text: str) -> list[str]:
 def cmd_choose(a: argparse.Namespace) -> None:
     """Print the server flags of the config the dev rule picks from a run's summary.json."""
     summary = json.loads(Path(a.summary).read_text())
-    chosen = choose(summary, a.among)
+    chosen = choose(summary, a.among, a.by)
     print(f"chosen by the dev rule: {chosen}", file=sys.stderr)
     if a.config_out:
         Path(a.config_out).write_text(chosen + "\n")
@@ -280,6 +284,9 @@ def main() -> None:
     pick.add_argument("summary")
     pick.add_argument("--among", nargs="+", required=True, help="--configs entries of the run")
     pick.add_argument("--config-out", help="also write the chosen --configs entry here")
+    pick.add_argument(
+        "--by", choices=CHOOSE_BY, default="density", help="what the passing config must be lowest in"
+    )
     near = sub.add_parser(
         "closer",
         help="items whose answer log-probability A keeps closer to dense's than B, and the sign test",

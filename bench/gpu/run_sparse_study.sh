@@ -12,7 +12,8 @@
 #                under DEV_TIMEOUT [500 s] (the rows are written after every case), DEV_ARGS [none] more
 #                ruler_forced options (e.g. "--guard 1e-9 --guard-every 8": the guard's bound is read off the
 #                dev rows with `ruler_forced guarded`), then the dev rule
-#                (`ruler_forced choose`) over CANDIDATES -> $STUDY/chosen (config) and $STUDY/chosen-flags; tables
+#                (`ruler_forced choose --by CHOOSE_BY` [density; forward_s: the fastest passing one, for candidates
+#                differing in stride]) over CANDIDATES -> $STUDY/chosen (config) and $STUDY/chosen-flags; tables
 #                and JSONL in $OUT/dev.tar.gz
 #   STEP=oracle  the oracle bound (issue 37): bench.accuracy.ruler_forced --emulate --tf32 (fp32 model, exact
 #                attention over the kept blocks) at ORACLE_LENGTHS [65000], ORACLE_PROMPTS [6] cases of
@@ -86,7 +87,7 @@ dev)
     --split dev --lengths ${DEV_LENGTHS:-$LENGTH} --prompts "${DEV_PROMPTS:-8}" --configs $DEV_CONFIGS ${DEV_ARGS:-} 2>&1 \
     | grep -v -i warn | tee "$OUT/dev.log"
   # shellcheck disable=SC2086
-  $PY -m bench.accuracy.ruler_forced choose "$STUDY/dev/summary.json" --among $CANDIDATES \
+  $PY -m bench.accuracy.ruler_forced choose "$STUDY/dev/summary.json" --among $CANDIDATES --by "${CHOOSE_BY:-density}" \
     --config-out "$STUDY/chosen" >"$STUDY/chosen-flags" 2>>"$OUT/dev.log"
   log "chosen: $(cat "$STUDY/chosen"): $(cat "$STUDY/chosen-flags")"
   tar -C "$STUDY" -czf "$OUT/dev.tar.gz" dev chosen chosen-flags
