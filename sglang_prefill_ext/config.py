@@ -297,7 +297,12 @@ class PrefillExtConfig:
                 fields[name] = value
             else:
                 settings[flag.setting] = value
-        config = cls(**fields, sparse_settings=SparseSettings(**settings))
+        try:
+            sparse_settings = SparseSettings(**settings)
+        except ValueError as error:  # flags each valid alone that SparseSettings refuses together
+            given = ", ".join(option_name(SPARSE_SETTINGS_PREFIX + name) for name in settings)
+            raise OptionError(f"{given}: {error}") from None
+        config = cls(**fields, sparse_settings=sparse_settings)
         if config.tbt_target_ms > 0 and config.pass_budget_ms > 0:
             raise OptionError(
                 "--prefill-ext-tbt-target-ms and --prefill-ext-pass-budget-ms are two pass budgets: give one"

@@ -146,6 +146,11 @@ def test_choices_and_formats_refused(flag: str, text: str, error: str) -> None:
         ("--prefill-ext-sparse-guard", "1.5", "=1.5: guard must lie in [0, 1], got 1.5"),
         ("--prefill-ext-sparse-guard", "-0.1", "=-0.1: guard must lie in [0, 1], got -0.1"),
         ("--prefill-ext-sparse-guard-every", "-1", "=-1: guard_every must be >= 0, got -1"),
+        ("--prefill-ext-sparse-layer-mass", "1-2", "='1-2': layer_mass: expected A-B=V"),
+        ("--prefill-ext-sparse-layer-mass", "1-2=2", "='1-2=2': layer_mass: '1-2=2' needs a mass in [0, 1]"),
+        ("--prefill-ext-sparse-layer-stride", "1-2=3", "='1-2=3': layer_stride: '1-2=3' needs a stride"),
+        ("--prefill-ext-sparse-layer-stride", "1-2=256", "='1-2=256': stride 256 must divide block_size 128"),
+        ("--prefill-ext-sparse-layer-stride", "1-2=4,2-3=8", "='1-2=4,2-3=8': layer_stride: '2-3=8' over"),
         ("--prefill-ext-pass-budget-ms", "-25", "=-25.0: must be >= 0"),
         ("--prefill-ext-fingerprint-block", "16", "=16: must be >= 32"),
     ],
@@ -153,6 +158,27 @@ def test_choices_and_formats_refused(flag: str, text: str, error: str) -> None:
 def test_values_out_of_range_refused(flag: str, text: str, error: str) -> None:
     """SparseSettings' own checks for its flags; every other int option is a count."""
     assert refusal(flag, text).startswith(error)
+
+
+def test_sparse_flags_refused_together_name_each_flag() -> None:
+    """Flags each valid alone that SparseSettings refuses together: one OptionError naming the flags given."""
+    stride = ("--prefill-ext-sparse-layer-stride", "7-20=4")
+    with pytest.raises(
+        OptionError, match="^--prefill-ext-sparse-layer-stride, --prefill-ext-sparse-per-layer: "
+    ):
+        PrefillExtConfig.from_options(
+            getattr(parse(*stride, "--prefill-ext-sparse-per-layer", "false"), OPTIONS_DEST)
+        )
+    coarse = ("--prefill-ext-sparse-block-size", "64", "--prefill-ext-sparse-layer-stride", "7-20=128")
+    with pytest.raises(OptionError, match="stride 128 must divide block_size 64$"):
+        PrefillExtConfig.from_options(getattr(parse(*coarse), OPTIONS_DEST))
+
+
+def test_the_layer_stride_flag_sets_each_layers_stride() -> None:
+    argv = ["--prefill-ext-sparse-stride", "16", "--prefill-ext-sparse-layer-stride", "7-20=4"]
+    settings = PrefillExtConfig.from_options(getattr(parse(*argv), OPTIONS_DEST)).sparse_settings
+    assert [settings.at_layer(layer).stride for layer in (6, 7, 20, 21)] == [16, 4, 4, 16]
+    assert SparseSettings.layer_stride == ""  # off unless asked for
 
 
 def test_values_in_range_accepted() -> None:

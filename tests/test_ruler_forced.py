@@ -141,9 +141,16 @@ def test_the_dev_rule_by_forward_time_takes_the_fastest_passing_config(forced: M
     assert forced.choose(summary, [fine, mixed, coarse], by="forward_s") == mixed  # the fastest passing one
 
 
-def test_server_flags_give_the_configs_selection(forced: ModuleType) -> None:
+def _served(flags: list[str]):
+    """The SparseSettings a server started with `server_flags`' `flags` runs."""
     from sglang_prefill_ext.config import PrefillExtConfig
 
+    pairs = dict(zip(flags[2::2], flags[3::2], strict=True))
+    options = {k.removeprefix("--prefill-ext-").replace("-", "_"): v for k, v in pairs.items()}
+    return PrefillExtConfig.from_options(options).sparse_settings
+
+
+def test_server_flags_give_the_configs_selection(forced: ModuleType) -> None:
     flags = forced.server_flags("antidiagonal:0.8@x4,q")
     assert flags[:2] == ["--enable-prefill-ext", "--prefill-ext-sparse"]
     assert flags[2:] == ["--prefill-ext-sparse-mass", "0.8"]
@@ -153,10 +160,20 @@ def test_server_flags_give_the_configs_selection(forced: ModuleType) -> None:
     assert budgets[-2:] == ["--prefill-ext-sparse-layer-mass", "7-20=0.97,0-3=0.7"]
     assert forced.server_flags("antidiagonal:0.9@x4,q") == flags[:2]  # the server's defaults
     assert forced.server_flags("antidiagonal:0.9@x16,q")[2:] == ["--prefill-ext-sparse-stride", "16"]
-    pairs = dict(zip(flags[2::2], flags[3::2], strict=True))
-    options = {k.removeprefix("--prefill-ext-").replace("-", "_"): v for k, v in pairs.items()}
-    settings = PrefillExtConfig.from_options(options).sparse_settings
-    assert settings.mass == 0.8
+    assert _served(flags).mass == 0.8
+
+
+def test_server_flags_give_the_configs_layer_strides(forced: ModuleType) -> None:
+    """`SA-B=S` options: the server's --prefill-ext-sparse-layer-stride, each layer at its config's stride."""
+    flags = forced.server_flags("antidiagonal:0.9@x16,q,S7-20=4,S0-1=8")
+    assert flags[2:] == [
+        "--prefill-ext-sparse-stride",
+        "16",
+        "--prefill-ext-sparse-layer-stride",
+        "7-20=4,0-1=8",
+    ]
+    served = _served(flags)
+    assert [served.at_layer(layer).stride for layer in (0, 2, 7, 20, 21)] == [8, 16, 4, 4, 16]
 
 
 def test_closer_counts_the_items_each_run_keeps_nearer_dense(forced: ModuleType) -> None:

@@ -159,6 +159,8 @@ def test_numbered_options_set_their_settings(bench: ModuleType) -> None:
         "antidiagonal:0.9@s",
         "oracle:0.9@M1-2",
         "oracle:0.9@M1=1",
+        "antidiagonal:0.9@S1-2",
+        "antidiagonal:0.9@S1-2=3",
     ],
 )
 def test_malformed_configs_are_refused(bench: ModuleType, bad: str) -> None:
@@ -221,6 +223,27 @@ def test_a_layer_range_selects_at_its_own_mass(bench: ModuleType, model) -> None
     _, densities = run("oracle:0.3@M2-3=1")
     assert all(d == 1.0 for layer in (2, 3) for d in densities[layer])
     assert max(densities[1]) < 1.0
+
+
+def test_a_layer_range_selects_at_its_own_stride(bench: ModuleType, model) -> None:
+    """`SA-B=S`: the named layers score at antidiagonal stride S, the others at the config's (`xN`). Over
+    every sparse layer the forward is the one at stride S everywhere; over layers 2-3, layer 1 selects as at
+    the config's stride."""
+    tokens = torch.randint(0, 128, (1, LENGTH))
+
+    def run(spec: str):
+        config = bench.parse_config(spec)
+        attention = _emulated(bench, config.settings(BLOCK, 2, 0))
+        return _logits(model, tokens, f"test_{spec}", attention), attention.densities[-1], config
+
+    fine, fine_densities, _ = run("antidiagonal:0.3@x2")
+    named, named_densities, config = run("antidiagonal:0.3@x16,S1-3=2")
+    assert config.layer_stride == "1-3=2"
+    assert torch.equal(named, fine) and named_densities == fine_densities
+    _, coarse_densities, _ = run("antidiagonal:0.3@x16")
+    _, densities, config = run("antidiagonal:0.3@x16,S2-2=2,S3-3=4")
+    assert config.layer_stride == "2-2=2,3-3=4"
+    assert densities[1] == coarse_densities[1] != fine_densities[1]
 
 
 @pytest.mark.gpu

@@ -29,7 +29,8 @@ window, last rows): what a perfect scorer would keep, a bound on any selection a
 fp32, selected and attended in one pass over the scores; else in bf16, `OraclePrefill`: the exact mass from a
 Triton kernel, FlashInfer's attention over the kept blocks, CUDA only). OPT (comma-separated): `q` one selection per query head instead of per KV head; `LA-B` only
 layers A..B go sparse, the others dense (where the loss is: swap sparse in one range at a time); `MA-B=X`
-layers A..B select at mass X (a per-layer budget); `bN` N-token blocks instead of --block-size; `sN` N sampled
+layers A..B select at mass X (a per-layer budget); `SA-B=S` layers A..B score at antidiagonal stride S (a
+per-layer stride); `bN` N-token blocks instead of --block-size; `sN` N sampled
 rows per block instead of --samples; `xN` antidiagonal stride N; `dX` the mass lowered by X per doubling of the
 prompt beyond `SparseSettings.mass_len` instead of the server's `mass_decay` (d0: MASS at every length);
 `layer` (oracle) MASS of the whole layer's attention per head instead of per query block (rows that attend
@@ -62,7 +63,7 @@ from sglang_prefill_ext.ops.exact import (
     selected_attention,
 )
 from sglang_prefill_ext.ops.selection import largest_holding, mass_fraction, select_by_mass, structural_blocks
-from sglang_prefill_ext.ops.settings import parse_layer_mass
+from sglang_prefill_ext.ops.settings import parse_layer_mass, parse_layer_stride
 
 TAIL_FROM = 1024
 LOGIT_ROWS = 4096  # positions per lm_head chunk: 4096 x 152K vocab fp32 is 2.5 GB
@@ -317,7 +318,12 @@ SINGLE_KNOB = {"sampled": "mass", "pooled": "threshold", "antidiagonal": "mass",
 
 
 NUMBERED_OPTS = {"b": "block_size", "s": "samples", "x": "stride"}
-OPTS = "q, bN, sN, xN, dX, LA-B, MA-B=X, layer for oracle"
+OPTS = "q, bN, sN, xN, dX, LA-B, MA-B=X, SA-B=S, layer for oracle"
+# the per-layer options: their letter -> the SparseSettings field they add ranges to, and its parser
+PER_LAYER_OPTS: dict[str, tuple[str, Callable[[str], tuple[tuple[range, Any], ...]]]] = {
+    "M": ("layer_mass", parse_layer_mass),
+    "S": ("layer_stride", parse_layer_stride),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +341,7 @@ class Config:
     mass_decay: float | None = None
     sparse_layers: range | None = None
     layer_mass: str = ""  # SparseSettings.layer_mass, from the `MA-B=X` options
+    layer_stride: str = ""  # SparseSettings.layer_stride, from the `SA-B=S` options
 
     def settings(self, block_size: int, samples: int, local_blocks: int) -> SparseSettings:
         return SparseSettings(
@@ -346,6 +353,7 @@ class Config:
             local_blocks=local_blocks,
             per_query_head=self.per_query_head,
             layer_mass=self.layer_mass,
+            layer_stride=self.layer_stride,
             **knobs(self.scorer, self.value),
         )
 
@@ -367,12 +375,14 @@ def _number(text: str) -> bool:
     return text.replace(".", "", 1).isdigit()
 
 
-def _layer_mass(text: str) -> bool:
-    """Whether `text` is a `SparseSettings.layer_mass` range (`A-B=X`)."""
+def _per_layer_field(opt: str) -> str | None:
+    """The SparseSettings field a per-layer option (`MA-B=X`, `SA-B=S`: PER_LAYER_OPTS) adds its range to;
+    None if `opt` is not one."""
+    field, parse = PER_LAYER_OPTS.get(opt[:1], (None, None))
     try:
-        return bool(parse_layer_mass(text))
+        return field if parse is not None and parse(opt[1:]) else None
     except ValueError:
-        return False
+        return None
 
 
 def parse_config(text: str) -> Config:
@@ -387,8 +397,8 @@ def parse_config(text: str) -> Config:
             fields["per_query_head"] = True
         elif opt[:1] == "L" and (layers := _layer_range(opt[1:])):
             fields["sparse_layers"] = layers
-        elif opt[:1] == "M" and _layer_mass(opt[1:]):
-            fields["layer_mass"] = ",".join(filter(None, (str(fields.get("layer_mass", "")), opt[1:])))
+        elif field := _per_layer_field(opt):
+            fields[field] = ",".join(filter(None, (str(fields.get(field, "")), opt[1:])))
         elif opt == "layer" and scorer == "oracle":
             fields["whole_layer"] = True
         elif opt[:1] in NUMBERED_OPTS and opt[1:].isdigit():
@@ -434,8 +444,9 @@ def policy_args(parser: argparse.ArgumentParser) -> None:
         "--configs", type=parse_config, nargs="+",
         default=[parse_config(default_config())],
         help="SCORER:VALUE[@OPT,...]: " + ", ".join(f"{sc}:{v}" for sc, v in SCORER_VALUES.items())
-        + "; OPT: q (per query head), LA-B (only layers A..B sparse), MA-B=X (layers A..B at mass X), bN (block "
-        "size), sN (samples), xN (antidiagonal stride), dX (mass decay per doubling), layer (oracle: per-layer mass)",
+        + "; OPT: q (per query head), LA-B (only layers A..B sparse), MA-B=X (layers A..B at mass X), SA-B=S (layers "
+        "A..B at stride S), bN (block size), sN (samples), xN (antidiagonal stride), dX (mass decay per doubling), "
+        "layer (oracle: per-layer mass)",
     )  # fmt: skip
     parser.add_argument("--samples", type=int, default=SparseSettings.samples)
     parser.add_argument("--local-blocks", type=int, default=SparseSettings.local_blocks)

@@ -34,7 +34,7 @@ class SparsePrefill:
         self._layout: BlockLayout | None = None
         self._locs = torch.empty(0, dtype=torch.int64)
         self._geometry: SampleGeometry | None = None  # the sampled scorer's, per layout
-        self._packing: Packing | None = None  # the antidiagonal scorer's, per layout
+        self._packings: dict[int, Packing] = {}  # the antidiagonal scorer's, per layout and stride
         self.planned = False
         self.mask: torch.Tensor | None = None
         self._indices: torch.Tensor | None = None  # with settings.plan_once: later layers' kv_indices
@@ -51,7 +51,7 @@ class SparsePrefill:
         self._layout = layout
         self._locs = locs
         self._geometry = None
-        self._packing = None
+        self._packings = {}
         self.planned = False
         self.mask = None
         self._indices = None
@@ -67,16 +67,15 @@ class SparsePrefill:
         self, q: torch.Tensor, k_buffer: torch.Tensor, sm_scale: float, layer: int | None = None
     ) -> torch.Tensor:
         """Kept blocks [Hkv, R, C] from model layer `layer`'s queries [N, Hq, D] and KV pool keys, at that
-        layer's mass (`SparseSettings.at_layer`)."""
+        layer's mass and stride (`SparseSettings.at_layer`)."""
         layout = self.layout
         settings = self.settings.at_layer(layer)
         scorer = settings.scorer
         if scorer == "antidiagonal":
             stride = settings.stride
-            if self._packing is None:
-                self._packing = Packing.build(layout, self._locs, q.shape[1], k_buffer.shape[1], stride)
+            packing = self._packing(q, k_buffer, stride)
             mass = antidiagonal_mass(
-                q, k_buffer, self._locs, layout, stride, sm_scale, settings.per_query_head, self._packing
+                q, k_buffer, self._locs, layout, stride, sm_scale, settings.per_query_head, packing
             )
             return select_by_mass(mass, layout, settings)
         by_mass = None
@@ -96,6 +95,15 @@ class SparsePrefill:
                 return by_mass
         by_pool = self._select_pooled(q, k_buffer, sm_scale)
         return by_pool if by_mass is None else by_pool | by_mass
+
+    def _packing(self, q: torch.Tensor, k_buffer: torch.Tensor, stride: int) -> Packing:
+        """The antidiagonal scorer's packing at `stride`, built once per layout and stride (a layer's stride:
+        `SparseSettings.layer_stride`)."""
+        if stride not in self._packings:
+            self._packings[stride] = Packing.build(
+                self.layout, self._locs, q.shape[1], k_buffer.shape[1], stride
+            )
+        return self._packings[stride]
 
     def _sample_geometry(self, q: torch.Tensor, k_buffer: torch.Tensor) -> SampleGeometry:
         """The sampled rows' kernel geometry (scorer and guard alike), built once per layout."""

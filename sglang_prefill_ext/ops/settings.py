@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 SCORERS = ("hybrid", "sampled", "pooled", "antidiagonal")
 GUARD_QUANTILE = 0.01  # the guard's statistic: this low quantile of the sampled rows' kept shares (guard.py)
@@ -28,7 +29,8 @@ class SparseSettings:
     fraction (`mass`, lowered by `mass_decay` per doubling of the whole prompt beyond `mass_len`) of
     the row's attention as estimated from `samples` exact query rows per block and head (scorers/sampled.py).
     Scorer "antidiagonal": the same rule on the mass estimated from antidiagonal sums of `stride` x
-    `stride` tiles of QK^T (scorers/antidiagonal.py).
+    `stride` tiles of QK^T (scorers/antidiagonal.py). `layer_mass` and `layer_stride` set the mass and the
+    stride of named layers (`at_layer`).
     Scorer "pooled": its pooled score reaches `threshold` x the row's best for some query head of the
     KV head's group. Scorer "hybrid": either rule keeps it. With `per_query_head` every query head
     gets its own blocks (its own sampled mass, its own pooled score) instead of one set per KV head.
@@ -78,6 +80,14 @@ class SparseSettings:
         "Antidiagonal scorer: query and key positions packed per antidiagonal (a power of two dividing the "
         "block size); the scoring matmul costs 1/stride of QK^T. 4 is the dev split's pick over 8 and 16 "
         "(bench/results/2026-12-07-h100-sparse-stride-served.md).",
+    )
+    layer_stride: str = _setting(
+        "",
+        "Antidiagonal scorer: per-layer strides, comma-separated A-B=S: the model's layers A..B (from 0, "
+        "inclusive) score at stride S (a power of two dividing the block size) instead of "
+        "--prefill-ext-sparse-stride, e.g. 7-20=4 over a stride of 16: the finer, costlier estimate only in the "
+        "layers whose selection needs it (not measured on a GPU yet); a layer past the model's last is never "
+        "reached. Needs --prefill-ext-sparse-per-layer. Empty: every layer at --prefill-ext-sparse-stride.",
     )
     threshold: float = _setting(
         0.003,
@@ -137,7 +147,7 @@ class SparseSettings:
     )
 
     def __post_init__(self) -> None:
-        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+        if not _power_of_two(self.block_size):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {SCORERS}, got {self.scorer!r}")
@@ -149,10 +159,12 @@ class SparseSettings:
             )
         if self.samples < 1:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
-        if self.stride <= 0 or self.stride & (self.stride - 1):
-            raise ValueError(f"stride must be a power of two, got {self.stride}")
-        if self.scorer == "antidiagonal" and self.block_size % self.stride:
-            raise ValueError(f"stride {self.stride} must divide block_size {self.block_size}")
+        layer_strides = parse_layer_stride(self.layer_stride)
+        for stride in (self.stride, *(stride for _, stride in layer_strides)):
+            if not _power_of_two(stride):
+                raise ValueError(f"stride must be a power of two, got {stride}")
+            if self.scorer == "antidiagonal" and self.block_size % stride:
+                raise ValueError(f"stride {stride} must divide block_size {self.block_size}")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must lie in [0, 1], got {self.threshold}")
         if not 0.0 <= self.guard <= 1.0:
@@ -165,16 +177,19 @@ class SparseSettings:
             raise ValueError(f"dense_layers must be >= 0, got {self.dense_layers}")
         if min(self.sink_blocks, self.local_blocks, self.last_blocks) < 0:
             raise ValueError("sink_blocks, local_blocks and last_blocks must be >= 0")
-        if parse_layer_mass(self.layer_mass) and not self.per_layer:
-            raise ValueError("layer_mass needs per_layer: a shared selection is made at one layer")
+        layer_values = {"layer_mass": parse_layer_mass(self.layer_mass), "layer_stride": layer_strides}
+        for name, pairs in layer_values.items():
+            if pairs and not self.per_layer:
+                raise ValueError(f"{name} needs per_layer: a shared selection is made at one layer")
 
     def at_layer(self, layer: int | None) -> SparseSettings:
-        """The settings model layer `layer` selects with: its `layer_mass` mass, if a range names it
-        (None: these settings)."""
-        for layers, mass in parse_layer_mass(self.layer_mass) if layer is not None else ():
-            if layer in layers:
-                return dataclasses.replace(self, mass=mass, layer_mass="")
-        return self
+        """The settings model layer `layer` selects with: its `layer_mass` mass and its `layer_stride`
+        stride where a range names it, else these settings' (None: these settings)."""
+        if layer is None or not (self.layer_mass or self.layer_stride):
+            return self
+        mass = _value_at(parse_layer_mass(self.layer_mass), layer, self.mass)
+        stride = _value_at(parse_layer_stride(self.layer_stride), layer, self.stride)
+        return dataclasses.replace(self, mass=mass, stride=stride, layer_mass="", layer_stride="")
 
     @property
     def log_threshold(self) -> float:
@@ -182,20 +197,69 @@ class SparseSettings:
         return math.log(self.threshold) if self.threshold > 0 else -math.inf
 
 
+def _power_of_two(n: int) -> bool:
+    return n > 0 and not n & (n - 1)
+
+
+def _mass(text: str) -> float:
+    """A `layer_mass` value: a mass in [0, 1] (ValueError: not one)."""
+    try:
+        mass = float(text)
+    except ValueError:
+        mass = math.nan
+    if not 0.0 <= mass <= 1.0:
+        raise ValueError("needs a mass in [0, 1]")
+    return mass
+
+
+def _stride(text: str) -> int:
+    """A `layer_stride` value: a power of two (whether it divides the block size is `SparseSettings`' check)."""
+    if not (text.isdigit() and _power_of_two(int(text))):
+        raise ValueError("needs a stride that is a power of two")
+    return int(text)
+
+
+Value = TypeVar("Value", int, float)
+
+
 @functools.lru_cache(maxsize=64)
-def parse_layer_mass(text: str) -> tuple[tuple[range, float], ...]:
-    """`layer_mass` text (`A-B=X,...`) as (layers A..B, mass X) pairs; ValueError names what is wrong."""
-    pairs: list[tuple[range, float]] = []
+def parse_layer_values(
+    text: str, name: str, check: Callable[[str], Value]
+) -> tuple[tuple[range, Value], ...]:
+    """The per-layer text of field `name` (`A-B=V,...`) as (layers A..B, value V) pairs, V as `check` reads it
+    (ValueError: not a valid value); ValueError names what is wrong."""
+    pairs: list[tuple[range, Value]] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
-        layers, _, mass = item.partition("=")
+        layers, equals, value = item.partition("=")
         first, _, last = layers.partition("-")
         try:
-            ranged, value = range(int(first), int(last) + 1), float(mass)
+            ranged = range(int(first), int(last) + 1)
         except ValueError:
-            raise ValueError(f"layer_mass: expected A-B=X (layers A..B at mass X), got {item!r}") from None
-        if not ranged or ranged.start < 0 or not 0.0 <= value <= 1.0:
-            raise ValueError(f"layer_mass: {item!r} needs 0 <= A <= B and a mass in [0, 1]")
+            ranged = None
+        if ranged is None or not equals:
+            raise ValueError(f"{name}: expected A-B=V (layers A..B at value V), got {item!r}")
+        if not ranged or ranged.start < 0:
+            raise ValueError(f"{name}: {item!r} needs 0 <= A <= B")
+        try:
+            checked = check(value)
+        except ValueError as error:
+            raise ValueError(f"{name}: {item!r} {error}") from None
         if any(set(ranged) & set(other) for other, _ in pairs):
-            raise ValueError(f"layer_mass: {item!r} overlaps an earlier range")
-        pairs.append((ranged, value))
+            raise ValueError(f"{name}: {item!r} overlaps an earlier range")
+        pairs.append((ranged, checked))
     return tuple(pairs)
+
+
+def parse_layer_mass(text: str) -> tuple[tuple[range, float], ...]:
+    """`layer_mass` text (`A-B=X,...`) as (layers A..B, mass X) pairs; ValueError names what is wrong."""
+    return parse_layer_values(text, "layer_mass", _mass)
+
+
+def parse_layer_stride(text: str) -> tuple[tuple[range, int], ...]:
+    """`layer_stride` text (`A-B=S,...`) as (layers A..B, stride S) pairs; ValueError names what is wrong."""
+    return parse_layer_values(text, "layer_stride", _stride)
+
+
+def _value_at(pairs: tuple[tuple[range, Value], ...], layer: int, default: Value) -> Value:
+    """The value of the range of `pairs` that holds `layer`, else `default`."""
+    return next((value for layers, value in pairs if layer in layers), default)

@@ -28,6 +28,10 @@ REFUSED = {
     "float": (ENABLE, "--prefill-ext-sparse-mass", "abc"),
     "bool": (ENABLE, "--prefill-ext-dedup", "maybe"),
     "SparseSettings range": (ENABLE, "--prefill-ext-sparse-block-size", "100"),
+    "per-layer text": (ENABLE, "--prefill-ext-sparse-layer-stride", "7-20=3"),
+    "SparseSettings across flags": (
+        *(ENABLE, "--prefill-ext-sparse-layer-stride", "7-20=4", "--prefill-ext-sparse-per-layer", "false"),
+    ),
     "negative count": (ENABLE, "--prefill-ext-dedup-min-tokens", "-1"),
     "sparse on a backend it cannot serve": (ENABLE, "--prefill-ext-sparse", "--attention-backend", "triton"),
     "blend on pages of 16 (0.5.23: not ported)": (ENABLE, "--prefill-ext-blend", "--page-size", "16"),

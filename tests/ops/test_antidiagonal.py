@@ -211,7 +211,7 @@ def test_a_layer_named_in_layer_mass_selects_at_its_own_mass() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("7-20", "expected A-B=X"), ("7=0.9", "expected A-B=X"), ("a-b=0.9", "expected A-B=X"), ("9-7=0.9", "0 <= A <= B"),
+    [("7-20", "expected A-B=V"), ("7=0.9", "expected A-B=V"), ("a-b=0.9", "expected A-B=V"), ("9-7=0.9", "0 <= A <= B"),
      ("1-2=1.5", "mass in"), ("0-9=0.9,9-12=0.95", "overlaps")],
 )  # fmt: skip
 def test_a_malformed_layer_mass_is_refused_by_name(text: str, message: str) -> None:
@@ -220,3 +220,50 @@ def test_a_malformed_layer_mass_is_refused_by_name(text: str, message: str) -> N
     with pytest.raises(ValueError, match="needs per_layer"):
         SparseSettings(layer_mass="1-2=0.9", per_layer=False)
     assert SparseSettings(layer_mass="1-2=0.9").at_layer(None) == SparseSettings(layer_mass="1-2=0.9")
+
+
+def test_a_layer_named_in_layer_stride_selects_at_its_own_stride() -> None:
+    """`layer_stride` 2-3=2 over stride 8: model layers 2 and 3 select as settings at stride 2 everywhere
+    would, layer 1 and an unnamed layer as the base settings; one packing per stride serves every layer."""
+    layout, q, k_buffer, locs = _batch((6, 2), 32, [16 * 40], [16 * 8], seed=6)
+    base = SparseSettings(block_size=BLOCK, scorer="antidiagonal", stride=8, mass=0.5, per_query_head=True)
+    sparse = SparsePrefill(dataclasses.replace(base, layer_stride="2-3=2"), None)
+    sparse.begin(layout, locs)
+
+    def alone(settings: SparseSettings) -> torch.Tensor:
+        plain = SparsePrefill(settings, None)
+        plain.begin(layout, locs)
+        return plain.select(q, k_buffer, 32**-0.5)
+
+    fine, coarse = alone(dataclasses.replace(base, stride=2)), alone(base)
+    assert not torch.equal(fine, coarse)  # the strides select differently here
+    for layer, want in ((1, coarse), (2, fine), (3, fine), (4, coarse), (2, fine)):
+        assert torch.equal(sparse.select(q, k_buffer, 32**-0.5, layer), want)
+    assert sorted(sparse._packings) == [2, 8]
+    sparse.begin(layout, locs)
+    assert sparse._packings == {}
+
+
+def test_layer_mass_and_layer_stride_apply_together() -> None:
+    settings = SparseSettings(stride=16, mass=0.7, layer_mass="7-20=0.95", layer_stride="5-9=4,20-27=8")
+    want = {0: (0.7, 16), 6: (0.7, 4), 7: (0.95, 4), 20: (0.95, 8), 27: (0.7, 8), 28: (0.7, 16)}
+    at = {layer: settings.at_layer(layer) for layer in want}
+    assert {layer: (s.mass, s.stride) for layer, s in at.items()} == want
+    assert at[7] == SparseSettings(stride=4, mass=0.95)  # a layer's own settings, no ranges left
+    assert settings.at_layer(None) is settings
+    assert SparseSettings(stride=16).at_layer(7) == SparseSettings(stride=16)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("7-20", "expected A-B=V"), ("7=4", "expected A-B=V"), ("9-7=4", "0 <= A <= B"), ("1-2=3", "power of two"),
+     ("1-2=0", "power of two"), ("1-2=x", "power of two"), ("1-2=-4", "power of two"), ("0-9=4,9-12=8", "overlaps"),
+     ("1-2=32", "stride 32 must divide block_size 16")],
+)  # fmt: skip
+def test_a_malformed_layer_stride_is_refused_by_name(text: str, message: str) -> None:
+    """Checked as `stride` is: a power of two dividing the block size (the antidiagonal scorer's)."""
+    with pytest.raises(ValueError, match=message):
+        SparseSettings(block_size=16, stride=4, layer_stride=text)
+    with pytest.raises(ValueError, match="layer_stride needs per_layer"):
+        SparseSettings(layer_stride="1-2=8", per_layer=False)
+    assert SparseSettings(block_size=16, scorer="pooled", layer_stride="1-2=32").layer_stride == "1-2=32"
