@@ -300,7 +300,8 @@ class PrefillExtConfig:
         try:
             sparse_settings = SparseSettings(**settings)
         except ValueError as error:  # flags each valid alone that SparseSettings refuses together
-            given = ", ".join(option_name(SPARSE_SETTINGS_PREFIX + name) for name in settings)
+            names = [f.name for f in dataclasses.fields(SparseSettings) if f.name in settings]  # one order
+            given = ", ".join(option_name(SPARSE_SETTINGS_PREFIX + name) for name in names)
             raise OptionError(f"{given}: {error}") from None
         config = cls(**fields, sparse_settings=sparse_settings)
         if config.tbt_target_ms > 0 and config.pass_budget_ms > 0:
