@@ -164,6 +164,7 @@ def _expand(
         last.append(len(owner) - 1)
     device = batch.seq_lens.device
     where = torch.tensor(owner, dtype=torch.int64)
+    where_on_device = where.to(device)
     rows = torch.tensor(keep, dtype=torch.int64, device=device)
     seq_lens = [lo + n for lo, n in zip(prefix, extend, strict=True)]
     view = copy.copy(batch)
@@ -172,13 +173,13 @@ def _expand(
     view.input_ids = batch.input_ids[rows]
     view.out_cache_loc = batch.out_cache_loc[rows]
     view.extend_num_tokens = len(keep)
-    view.req_pool_indices = batch.req_pool_indices[where.to(device)]
+    view.req_pool_indices = batch.req_pool_indices[where_on_device]
     if batch.req_pool_indices_cpu is not None:
         view.req_pool_indices_cpu = batch.req_pool_indices_cpu[where]
     view.seq_lens_cpu = torch.tensor(seq_lens, dtype=batch.seq_lens_cpu.dtype)
     view.seq_lens = view.seq_lens_cpu.to(device=device, dtype=batch.seq_lens.dtype)
     view.seq_lens_sum = sum(seq_lens)
-    view.orig_seq_lens = batch.orig_seq_lens[where.to(device)]
+    view.orig_seq_lens = batch.orig_seq_lens[where_on_device]
     view.prefix_lens, view.extend_lens, view.extend_logprob_start_lens = prefix, extend, logprob_starts
     for name in ("top_logprobs_nums", "token_ids_logprobs", "multimodal_inputs"):
         per_request = getattr(batch, name)
